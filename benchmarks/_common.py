@@ -1,0 +1,130 @@
+"""Shared plumbing for fastdiff benchmarks: environment facts and result files.
+
+Every benchmark writes ``benchmarks/results/<name>.json`` (machine-readable,
+with the full environment) and ``<name>.md`` (a table headed by hardware,
+versions and date), so README figures can be traced to a file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cpu_flags() -> list[str]:
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "fma")
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [w for w in wanted if w in have]
+    except OSError:
+        pass
+    return []
+
+
+def env_info() -> dict:
+    """Hardware, library versions and date for a results file."""
+    import torch
+
+    from fastdiff._compat import version_of
+
+    info = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu_model(),
+        "cpu_flags": _cpu_flags(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    for mod in ("diffusers", "transformers", "triton", "onnx", "onnxruntime", "xformers", "tensorrt", "fastdiff"):
+        info[mod] = version_of(mod)
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+    else:
+        info["gpu"] = None
+    return info
+
+
+def hardware_line(meta: dict) -> str:
+    dev = meta.get("gpu") or f"{meta['cpu']} ({meta['cpu_count']} cores, {meta['torch_threads']} torch threads)"
+    libs = ", ".join(f"{k} {meta[k]}" for k in ("torch", "diffusers", "triton", "onnxruntime") if meta.get(k))
+    return f"{dev}; {libs}; {meta['date']}"
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)\n"
+    columns = columns or list(rows[0])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
+        return "" if v is None else str(v)
+
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def write_results(
+    name: str, rows: list[dict], meta: dict | None = None, columns: list[str] | None = None, notes: str = ""
+) -> tuple[Path, Path]:
+    """Write ``results/<name>.json`` and ``results/<name>.md``; return both paths."""
+    meta = meta or env_info()
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    jpath, mpath = RESULTS_DIR / f"{name}.json", RESULTS_DIR / f"{name}.md"
+    jpath.write_text(json.dumps({"meta": meta, "rows": rows, "notes": notes}, indent=2, default=str) + "\n")
+    md = f"# {name}\n\n{hardware_line(meta)}\n\n" + (notes.strip() + "\n\n" if notes else "")
+    mpath.write_text(md + markdown_table(rows, columns))
+    return jpath, mpath
+
+
+def time_fn(fn, *, warmup: int = 1, reps: int = 5) -> float:
+    """Median wall time of ``fn()`` in seconds (CPU; use triton's do_bench on CUDA)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def time_pair(fn_a, fn_b, *, warmup: int = 1, reps: int = 5) -> tuple[float, float]:
+    """Interleaved medians of two callables, so machine noise hits both alike."""
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    ta, tb = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn_a()
+        t1 = time.perf_counter()
+        fn_b()
+        t2 = time.perf_counter()
+        ta.append(t1 - t0)
+        tb.append(t2 - t1)
+    return statistics.median(ta), statistics.median(tb)
