@@ -57,7 +57,16 @@ def env_info() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
-    for mod in ("diffusers", "transformers", "triton", "onnx", "onnxruntime", "xformers", "tensorrt", "fastdiff"):
+    for mod in (
+        "diffusers",
+        "transformers",
+        "triton",
+        "onnx",
+        "onnxruntime",
+        "xformers",
+        "tensorrt",
+        "fastdiff",
+    ):
         info[mod] = version_of(mod)
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
@@ -68,7 +77,9 @@ def env_info() -> dict:
 
 
 def hardware_line(meta: dict) -> str:
-    dev = meta.get("gpu") or f"{meta['cpu']} ({meta['cpu_count']} cores, {meta['torch_threads']} torch threads)"
+    dev = (
+        meta.get("gpu") or f"{meta['cpu']} ({meta['cpu_count']} cores, {meta['torch_threads']} torch threads)"
+    )
     libs = ", ".join(f"{k} {meta[k]}" for k in ("torch", "diffusers", "triton", "onnxruntime") if meta.get(k))
     return f"{dev}; {libs}; {meta['date']}"
 

@@ -26,7 +26,7 @@ class MissingDependencyError(ImportError):
     """An optional package that a requested feature needs is not installed."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def is_available(module: str) -> bool:
     """True if `module` can be imported (checked without importing it)."""
     try:

@@ -119,7 +119,11 @@ def _scheduler(arch: str):
         return PNDMScheduler(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **common)
     if arch == "sd21":
         return DDIMScheduler(
-            prediction_type="v_prediction", clip_sample=False, set_alpha_to_one=False, steps_offset=1, **common
+            prediction_type="v_prediction",
+            clip_sample=False,
+            set_alpha_to_one=False,
+            steps_offset=1,
+            **common,
         )
     return EulerDiscreteScheduler(timestep_spacing="leading", steps_offset=1, **common)
 
@@ -206,7 +210,9 @@ def tiny_pipeline(arch: str = "sd15", size: str = "tiny", seed: int = 0, dtype: 
         time_dim = unet_cfg["addition_time_embed_dim"]
         pooled_dim = unet_cfg["projection_class_embeddings_input_dim"] - 6 * time_dim
         text_encoder = CLIPTextModel(_text_config(width_1, n_layers, 4))
-        text_encoder_2 = CLIPTextModelWithProjection(_text_config(width_2, n_layers, 4, projection_dim=pooled_dim))
+        text_encoder_2 = CLIPTextModelWithProjection(
+            _text_config(width_2, n_layers, 4, projection_dim=pooled_dim)
+        )
         pipe = StableDiffusionXLPipeline(
             unet=unet,
             vae=vae,

@@ -37,7 +37,9 @@ def unet_probe_inputs(
         pooled = cfg.projection_class_embeddings_input_dim - 6 * time_dim
         inputs["added_cond_kwargs"] = {
             "text_embeds": randn(batch, pooled),
-            "time_ids": torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch, device=device).to(dtype),
+            "time_ids": torch.tensor(
+                [[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch, device=device
+            ).to(dtype),
         }
     if cfg.time_cond_proj_dim is not None:
         inputs["timestep_cond"] = randn(batch, cfg.time_cond_proj_dim)
