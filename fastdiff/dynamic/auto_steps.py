@@ -1,0 +1,181 @@
+"""Choose a step count per sample: ``steps="auto"``.
+
+Two cheap signals decide how many sampler steps an image needs:
+
+1. **the prompt**: keyword tiers. "sketch, flat, minimalist, plain, simple" describe images made of large
+   uniform regions, which converge in few steps; "detailed, intricate, 4k, textured, striped, checkered,
+   noisy" describe high-frequency content that later, low-noise steps still have to draw.
+2. **a probe**: after the first ``probe_steps`` steps of the shortest schedule, the share of the x0
+   prediction's spectral energy above half the Nyquist frequency (per channel, mean removed).
+
+A calibrated table (:mod:`fastdiff.dynamic.auto_steps_table`, produced by
+``benchmarks/dynamic_steps.py --calibrate`` on the tiny trained model) maps (tier, energy) to the smallest
+step count whose output stayed within a fidelity target of the full-length run. The probe's steps are not
+wasted when the shortest schedule is chosen (the run simply continues), and when the chosen schedule
+starts at the same timestep the first evaluation is reused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "AutoSteps",
+    "StepChoice",
+    "SIMPLE_WORDS",
+    "DETAILED_WORDS",
+    "prompt_tier",
+    "high_frequency_energy",
+]
+
+SIMPLE_WORDS = ("sketch", "flat", "minimalist", "plain", "simple")
+DETAILED_WORDS = ("detailed", "intricate", "4k", "textured", "striped", "checkered", "noisy")
+TIERS = ("simple", "neutral", "detailed")
+
+
+def prompt_tier(prompt: str | None) -> tuple[str, list[str]]:
+    """("simple" | "neutral" | "detailed", matched keywords). Detail words win over simplicity words."""
+    if prompt is None:
+        return "neutral", []
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
+    words = set(re.findall(r"[a-z0-9]+", prompt.lower()))
+    detailed = [w for w in DETAILED_WORDS if w in words]
+    if detailed:
+        return "detailed", detailed
+    simple = [w for w in SIMPLE_WORDS if w in words]
+    if simple:
+        return "simple", simple
+    return "neutral", []
+
+
+def high_frequency_energy(x0: torch.Tensor, cutoff: float = 0.25) -> torch.Tensor:
+    """Per-row share of spectral energy at radial frequency above ``cutoff`` cycles/pixel (Nyquist = 0.5).
+
+    x0: (B, C, H, W). The per-channel mean is removed first so the share measures texture, not brightness.
+    """
+    if x0.ndim != 4:
+        raise ValueError(f"high_frequency_energy expects (B, C, H, W), got shape {tuple(x0.shape)}")
+    x = x0.double()
+    x = x - x.mean(dim=(-2, -1), keepdim=True)
+    power = torch.fft.fft2(x).abs().square().sum(dim=1)  # (B, H, W)
+    fy = torch.fft.fftfreq(x.shape[-2], dtype=torch.float64, device=x.device)
+    fx = torch.fft.fftfreq(x.shape[-1], dtype=torch.float64, device=x.device)
+    radius = (fy[:, None].square() + fx[None, :].square()).sqrt()
+    high = power[:, radius > cutoff].sum(dim=-1)
+    total = power.flatten(1).sum(dim=-1).clamp_min(1e-30)
+    return (high / total).float()
+
+
+@dataclass
+class StepChoice:
+    """The step count picked for one sample and why."""
+
+    steps: int
+    tier: str
+    keywords: list[str]
+    hf_energy: float
+    reason: str
+
+
+def _default_table() -> dict:
+    try:
+        from fastdiff.dynamic.auto_steps_table import TABLE
+    except ImportError:  # not calibrated yet: prompt tiers only
+        TABLE = None
+    return TABLE
+
+
+class AutoSteps:
+    """Per-sample step count from prompt keywords and a probe of the x0 prediction.
+
+    Args:
+        prompts: one prompt per row (or one for all rows); None means "neutral".
+        min_steps, max_steps: the budget range; choices are clamped into it.
+        probe_steps: steps of the ``min_steps`` schedule run before deciding.
+        table: calibration table (see :mod:`fastdiff.dynamic.auto_steps_table`); default: the committed one.
+    """
+
+    def __init__(
+        self,
+        prompts: str | Sequence[str | None] | None = None,
+        *,
+        min_steps: int = 8,
+        max_steps: int = 30,
+        probe_steps: int = 2,
+        table: dict | None = None,
+    ):
+        for name, v in (("min_steps", min_steps), ("max_steps", max_steps), ("probe_steps", probe_steps)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"AutoSteps {name} must be an int >= 1, got {v!r}")
+        if min_steps > max_steps:
+            raise ValueError(f"AutoSteps min_steps ({min_steps}) must not exceed max_steps ({max_steps})")
+        if probe_steps > min_steps:
+            raise ValueError(f"AutoSteps probe_steps ({probe_steps}) must not exceed min_steps ({min_steps})")
+        self.prompts = prompts
+        self.min_steps = min_steps
+        self.max_steps = max_steps
+        self.probe_steps = probe_steps
+        self.table = table if table is not None else _default_table()
+
+    @property
+    def probe_budget(self) -> int:
+        """Length of the schedule whose first steps serve as the probe."""
+        return self.min_steps
+
+    def with_prompts(self, prompts) -> AutoSteps:
+        return AutoSteps(
+            prompts,
+            min_steps=self.min_steps,
+            max_steps=self.max_steps,
+            probe_steps=self.probe_steps,
+            table=self.table,
+        )
+
+    def _prompt_for(self, row: int, batch: int):
+        p = self.prompts
+        if p is None or isinstance(p, str):
+            return p
+        if len(p) == batch:
+            return p[row]
+        if batch % len(p) == 0:  # num_images_per_prompt copies, laid out prompt-major like diffusers
+            return p[row // (batch // len(p))]
+        raise ValueError(f"AutoSteps got {len(p)} prompts for a batch of {batch}")
+
+    def steps_for(self, tier: str, hf_energy: float) -> tuple[int, str]:
+        """Look up (steps, rule) for a tier and probe energy in the table."""
+        if self.table is None:
+            fallback = {"simple": 0.0, "neutral": 0.5, "detailed": 1.0}[tier]
+            steps = round(self.min_steps + fallback * (self.max_steps - self.min_steps))
+            return steps, f"uncalibrated tier rule ({tier})"
+        rows = self.table["tiers"].get(tier) or self.table["tiers"]["neutral"]
+        for upper, steps in rows:
+            if hf_energy <= upper:
+                return int(steps), f"table[{tier}]: energy <= {upper:.4g} -> {steps}"
+        upper, steps = rows[-1]
+        return int(steps), f"table[{tier}]: energy above all bins -> {steps}"
+
+    def choose(self, x0_probe: torch.Tensor) -> list[StepChoice]:
+        """Pick a step count for every row of a probe's x0 prediction."""
+        batch = x0_probe.shape[0]
+        energy = high_frequency_energy(x0_probe)
+        choices = []
+        for r in range(batch):
+            tier, words = prompt_tier(self._prompt_for(r, batch))
+            e = float(energy[r])
+            raw, rule = self.steps_for(tier, e)
+            steps = max(self.min_steps, min(self.max_steps, raw))
+            matched = f" (matched {', '.join(words)})" if words else ""
+            reason = (
+                f"auto: prompt tier '{tier}'{matched}, probe high-frequency energy {e:.4f} after "
+                f"{self.probe_steps} step(s); {rule}; clamped to [{self.min_steps}, {self.max_steps}] -> {steps}"
+            )
+            choices.append(StepChoice(steps=steps, tier=tier, keywords=words, hf_energy=e, reason=reason))
+        return choices
+
+    def __repr__(self) -> str:
+        return f"AutoSteps(min_steps={self.min_steps}, max_steps={self.max_steps}, probe_steps={self.probe_steps})"
