@@ -1,0 +1,223 @@
+"""Fused GroupNorm+SiLU modules: ``GroupNormSiLU`` and a ``ResnetBlock2D`` with fused norm->SiLU->conv.
+
+Both are built with ``from_module`` and share the original Parameters (state_dict unchanged). Their
+``backend`` is ``"auto"`` (Triton kernels where they run compiled and measured faster per shape, the
+PyTorch reference otherwise), ``"triton"`` (forced; on CPU only under ``TRITON_INTERPRET=1``) or ``"torch"``.
+When gradients are needed or the model is being traced/exported/compiled, the original code path runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.resnet import ResnetBlock2D
+from torch import nn
+
+from fastdiff.kernels import dispatch
+from fastdiff.kernels.fused_norm_conv import group_norm_silu_conv3x3_triton
+from fastdiff.kernels.group_norm_silu import (
+    SUPPORTED_DTYPES,
+    affine_silu_triton,
+    group_norm_scale_shift_triton,
+    group_norm_silu_triton,
+)
+from fastdiff.nn.winograd import (
+    TransformedWeightCache,
+    WinogradConv2d,
+    inference_only,
+    share_module_state,
+    winograd_ineligible_reason,
+)
+from fastdiff.ops.conv import layout_tag
+from fastdiff.ops.norm import triton_native
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _check_backend(backend):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+
+
+class GroupNormSiLU(nn.GroupNorm):
+    """``nn.GroupNorm`` followed by SiLU in one kernel (replace the SiLU that followed it by ``nn.Identity``)."""
+
+    @classmethod
+    def from_module(cls, norm: nn.GroupNorm, backend="auto", plan_cache_dir=None) -> GroupNormSiLU:
+        if not isinstance(norm, nn.GroupNorm):
+            raise TypeError(f"expected an nn.GroupNorm, got {type(norm).__name__}")
+        _check_backend(backend)
+        new = share_module_state(norm, cls.__new__(cls))
+        new.backend = backend
+        new.plan_cache_dir = plan_cache_dir
+        new.plans = {}
+        return new
+
+    def _reference(self, x):
+        return F.silu(F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps))
+
+    def _triton(self, x):
+        return group_norm_silu_triton(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "torch" or x.dim() != 4 or x.dtype not in SUPPORTED_DTYPES:
+            return self._reference(x)
+        if self.backend == "triton":
+            return self._triton(x)
+        if not triton_native(x.device) or not inference_only(x, self.weight, self.bias):
+            return self._reference(x)
+        n, c, h, w = x.shape
+        key = f"gn_silu|n{n}|c{c}|g{self.num_groups}|h{h}|w{w}|{str(x.dtype)[6:]}|{layout_tag(x)}"
+        if key not in self.plans:
+            runs = {dispatch.NATIVE: lambda: self._reference(x), "triton": lambda: self._triton(x)}
+            self.plans[key] = dispatch.choose(key, runs, x.device, self.plan_cache_dir)[1]
+        return self._triton(x) if self.plans[key]["choice"] == "triton" else self._reference(x)
+
+    def plan_summary(self) -> dict:
+        return {key: dict(rec) for key, rec in self.plans.items()}
+
+
+def fused_resnet_ineligible_reason(block: nn.Module) -> str | None:
+    """Why ``block`` cannot become a :class:`FusedResnetBlock2D`, or None."""
+    if not isinstance(block, ResnetBlock2D):
+        return f"{type(block).__name__} is not a diffusers ResnetBlock2D"
+    if not isinstance(block.nonlinearity, nn.SiLU):
+        return f"activation is {type(block.nonlinearity).__name__}, only SiLU is fused"
+    for name in ("norm1", "norm2"):
+        if type(getattr(block, name)) is not nn.GroupNorm:
+            return f"{name} is {type(getattr(block, name)).__name__}, not nn.GroupNorm"
+    if block.time_embedding_norm not in ("default", "scale_shift"):
+        return f"time_embedding_norm {block.time_embedding_norm!r} is not 'default' or 'scale_shift'"
+    return None
+
+
+def _fusable_conv(conv: nn.Module) -> bool:
+    return isinstance(conv, nn.Conv2d) and winograd_ineligible_reason(conv) is None
+
+
+class FusedResnetBlock2D(ResnetBlock2D):
+    """diffusers ``ResnetBlock2D`` whose GroupNorm->SiLU->3x3 conv chains run as one fused operation.
+
+    ``norm1 -> SiLU -> conv1`` (when the block does not resample in between) and
+    ``norm2 [-> (1 + scale) * . + shift] -> SiLU -> dropout -> conv2`` (when dropout is inactive) each
+    become GroupNorm statistics + one Winograd conv that normalises its input while loading it. The
+    "scale_shift" time embedding is folded into the per-channel affine map of the norm. Everything else
+    (temb projection, shortcut, output_scale_factor, up/down sampling) is the original code.
+    """
+
+    @classmethod
+    def from_module(cls, block: ResnetBlock2D, backend="auto", plan_cache_dir=None) -> FusedResnetBlock2D:
+        reason = fused_resnet_ineligible_reason(block)
+        if reason is not None:
+            raise ValueError(f"cannot fuse this ResnetBlock2D: {reason}")
+        _check_backend(backend)
+        new = share_module_state(block, cls.__new__(cls))
+        new.backend = backend
+        new.plan_cache_dir = plan_cache_dir
+        new.plans = {}
+        new.weight_caches = {"conv1": TransformedWeightCache(), "conv2": TransformedWeightCache()}
+        return new
+
+    # -- the three ways to run norm -> (scale/shift) -> SiLU -> conv -------------------------------------
+    def _unfused(self, x, norm, conv, es, et):
+        y = norm(x)
+        if es is not None:
+            y = y * (1 + es[:, :, None, None]) + et[:, :, None, None]
+        return conv(self.nonlinearity(y))
+
+    def _norm_triton_then_conv(self, x, norm, conv, es, et):
+        if es is None:
+            y = group_norm_silu_triton(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
+        else:
+            scale, shift = group_norm_scale_shift_triton(
+                x, norm.num_groups, norm.weight, norm.bias, norm.eps, extra_scale=es, extra_shift=et
+            )
+            y = affine_silu_triton(x, scale, shift)
+        return conv(y)
+
+    def _fused(self, x, norm, conv, name, es, et):
+        cache = conv.weight_cache if isinstance(conv, WinogradConv2d) else self.weight_caches[name]
+        u = cache.get(conv.weight, x.dtype)
+        bias = conv.bias.to(x.dtype) if conv.bias is not None else None
+        return group_norm_silu_conv3x3_triton(
+            x, norm.num_groups, norm.weight, norm.bias, norm.eps, u, bias, extra_scale=es, extra_shift=et
+        )
+
+    def _norm_act_conv(self, x, norm, conv, name, es=None, et=None):
+        fusable = _fusable_conv(conv) and x.dtype in SUPPORTED_DTYPES and x.dtype == conv.weight.dtype
+        if self.backend == "torch" or not fusable or not inference_only(x, conv.weight, norm.weight):
+            return self._unfused(x, norm, conv, es, et)
+        if self.backend == "triton":
+            return self._fused(x, norm, conv, name, es, et)
+        if not triton_native(x.device):
+            return self._unfused(x, norm, conv, es, et)
+        n, c, h, w = x.shape
+        key = (
+            f"resnet_norm_act_conv|n{n}|c{c}|g{norm.num_groups}|k{conv.out_channels}|h{h}|w{w}|"
+            f"{str(x.dtype)[6:]}|{layout_tag(x)}|ss{int(es is not None)}|conv-{type(conv).__name__}"
+        )
+        if key not in self.plans:
+            runs = {
+                dispatch.NATIVE: lambda: self._unfused(x, norm, conv, es, et),
+                "gn_triton+conv": lambda: self._norm_triton_then_conv(x, norm, conv, es, et),
+                "fused_triton": lambda: self._fused(x, norm, conv, name, es, et),
+            }
+            self.plans[key] = dispatch.choose(key, runs, x.device, self.plan_cache_dir)[1]
+        choice = self.plans[key]["choice"]
+        if choice == "fused_triton":
+            return self._fused(x, norm, conv, name, es, et)
+        if choice == "gn_triton+conv":
+            return self._norm_triton_then_conv(x, norm, conv, es, et)
+        return self._unfused(x, norm, conv, es, et)
+
+    def forward(self, input_tensor: torch.Tensor, temb: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if (
+            args
+            or kwargs.get("scale") is not None
+            or self.backend == "torch"
+            or (self.time_embedding_norm == "scale_shift" and self.time_emb_proj is None)
+        ):
+            return super().forward(input_tensor, temb, *args, **kwargs)  # keeps diffusers' deprecation path
+
+        if self.upsample is None and self.downsample is None:
+            hidden = self._norm_act_conv(input_tensor, self.norm1, self.conv1, "conv1")
+        else:  # resampling sits between SiLU and conv1: original sequence
+            hidden = self.nonlinearity(self.norm1(input_tensor))
+            if self.upsample is not None:
+                if hidden.shape[0] >= 64:
+                    input_tensor, hidden = input_tensor.contiguous(), hidden.contiguous()
+                input_tensor, hidden = self.upsample(input_tensor), self.upsample(hidden)
+            else:
+                input_tensor, hidden = self.downsample(input_tensor), self.downsample(hidden)
+            hidden = self.conv1(hidden)
+
+        if self.time_emb_proj is not None:
+            if not self.skip_time_act:
+                temb = self.nonlinearity(temb)
+            temb = self.time_emb_proj(temb)[:, :, None, None]
+
+        es = et = None
+        if self.time_embedding_norm == "default":
+            if temb is not None:
+                hidden = hidden + temb
+        else:  # scale_shift
+            if temb is None:
+                raise ValueError("`temb` should not be None when `time_embedding_norm` is 'scale_shift'")
+            es, et = (t[:, :, 0, 0] for t in torch.chunk(temb, 2, dim=1))
+
+        if self.training and self.dropout.p > 0:  # dropout sits between SiLU and conv2: unfused
+            y = self.norm2(hidden)
+            if es is not None:
+                y = y * (1 + es[:, :, None, None]) + et[:, :, None, None]
+            hidden = self.conv2(self.dropout(self.nonlinearity(y)))
+        else:
+            hidden = self._norm_act_conv(hidden, self.norm2, self.conv2, "conv2", es, et)
+
+        if self.conv_shortcut is not None:
+            if self.training:
+                input_tensor = input_tensor.contiguous()
+            input_tensor = self.conv_shortcut(input_tensor)
+        return (input_tensor + hidden) / self.output_scale_factor
+
+    def plan_summary(self) -> dict:
+        return {key: dict(rec) for key, rec in self.plans.items()}

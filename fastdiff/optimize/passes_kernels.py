@@ -1,0 +1,117 @@
+"""Kernel passes for :func:`fastdiff.optimize`: fused GroupNorm+SiLU(+conv) and Winograd 3x3 convs.
+
+* :class:`FuseNormActPass` (``fuse_norm_act``) swaps every eligible diffusers ``ResnetBlock2D`` for a
+  :class:`~fastdiff.nn.norm_act.FusedResnetBlock2D` and the UNet's ``conv_norm_out`` + ``conv_act`` pair for
+  :class:`~fastdiff.nn.norm_act.GroupNormSiLU` + ``nn.Identity`` (SD1.5: 22 blocks x 2 + 1 = 45 pairs).
+  It needs Triton kernels that run compiled (CUDA); on other devices it changes nothing and says why.
+* :class:`WinogradPass` (``winograd``) swaps every eligible 3x3 conv for
+  :class:`~fastdiff.nn.winograd.WinogradConv2d` in the configured mode and reports each skipped conv
+  with the precise reason. With ``"auto"`` the per-shape choice is measured lazily at the first forward
+  with that shape and shows up in ``fastdiff.report()`` through ``plan_summary()``.
+
+Both share the original Parameters, so state_dict, LoRA loading and ``.to()`` keep working, and both are
+undone exactly by ``fastdiff.restore``.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.resnet import ResnetBlock2D
+from torch import nn
+
+from fastdiff._compat import triton_interpret, triton_unusable_reason, triton_usable
+from fastdiff.nn.norm_act import FusedResnetBlock2D, GroupNormSiLU, fused_resnet_ineligible_reason
+from fastdiff.nn.winograd import WinogradConv2d, winograd_ineligible_reason
+
+
+class FuseNormActPass:
+    """GroupNorm -> SiLU (-> 3x3 conv) chains to fused Triton kernels."""
+
+    name = "fuse_norm_act"
+
+    def enabled(self, config):
+        return True if config.fuse_norm_act else "disabled by config (fuse_norm_act=False)"
+
+    @staticmethod
+    def backend_for(device: torch.device, config) -> tuple[str | None, str]:
+        """(backend, why): "auto" where Triton runs compiled, "triton" when forced via
+        ``config.extra["fuse_norm_act_backend"]`` (tests use it with the interpreter), else None."""
+        forced = (config.extra or {}).get("fuse_norm_act_backend")
+        if forced is not None:
+            if forced not in ("auto", "triton", "torch"):
+                raise ValueError(
+                    f"extra['fuse_norm_act_backend'] must be 'auto', 'triton' or 'torch', got {forced!r}"
+                )
+            return forced, "forced by config.extra"
+        if device.type == "cuda" and triton_usable(device) and not triton_interpret():
+            return "auto", "Triton kernels, measured per shape"
+        if device.type == "cpu":
+            return None, (
+                "no fused kernel beats PyTorch on cpu: "
+                + (
+                    triton_unusable_reason(device)
+                    if not triton_usable(device)
+                    else "the Triton interpreter is for testing only"
+                )
+            )
+        return None, triton_unusable_reason(device)
+
+    def apply(self, unet, config, ctx) -> None:
+        backend, why = self.backend_for(ctx.device, config)
+        if backend is None:
+            ctx.skip("", why)
+            return
+        blocks = [(p, m) for p, m in unet.named_modules() if isinstance(m, ResnetBlock2D)]
+        for path, block in blocks:
+            if isinstance(block, FusedResnetBlock2D):
+                ctx.skip(path, "already fused")
+                continue
+            reason = fused_resnet_ineligible_reason(block)
+            if reason is not None:
+                ctx.skip(path, reason)
+                continue
+            fused = FusedResnetBlock2D.from_module(
+                block, backend=backend, plan_cache_dir=config.plan_cache_dir
+            )
+            ctx.replace_module(path, fused, f"FusedResnetBlock2D({backend})")
+            chains = ["norm2+silu+conv2"]
+            if block.upsample is None and block.downsample is None:
+                chains.insert(0, "norm1+silu+conv1")
+            ctx.detail(path, fused=chains)
+        norm_out, act = getattr(unet, "conv_norm_out", None), getattr(unet, "conv_act", None)
+        if type(norm_out) is nn.GroupNorm and isinstance(act, nn.SiLU):
+            ctx.replace_module(
+                "conv_norm_out",
+                GroupNormSiLU.from_module(norm_out, backend=backend, plan_cache_dir=config.plan_cache_dir),
+                f"GroupNormSiLU({backend})",
+            )
+            ctx.replace_module("conv_act", nn.Identity(), "Identity (SiLU fused into conv_norm_out)")
+        elif norm_out is not None:
+            ctx.skip("conv_norm_out", "not an nn.GroupNorm followed by nn.SiLU")
+
+
+class WinogradPass:
+    """Eligible 3x3 convs to WinogradConv2d (measured per shape with winograd="auto")."""
+
+    name = "winograd"
+
+    def enabled(self, config):
+        return "disabled by config (winograd=False)" if config.winograd is False else True
+
+    def apply(self, unet, config, ctx) -> None:
+        convs = [(p, m) for p, m in unet.named_modules() if isinstance(m, nn.Conv2d)]
+        for path, conv in convs:
+            if isinstance(conv, WinogradConv2d):
+                ctx.skip(path, "already a WinogradConv2d")
+                continue
+            reason = winograd_ineligible_reason(conv)
+            if reason is not None:
+                ctx.skip(path, reason)
+                continue
+            new = WinogradConv2d.from_module(conv, mode=config.winograd, plan_cache_dir=config.plan_cache_dir)
+            ctx.replace_module(path, new, f"WinogradConv2d({config.winograd!r})")
+            ctx.detail(path, channels=f"{conv.in_channels}->{conv.out_channels}", mode=config.winograd)
+        if ctx.device.type == "cuda" and ctx.changed and not torch.backends.cudnn.benchmark:
+            # the plans were timed against cuDNN's autotuned algorithms; run native convs the same way
+            torch.backends.cudnn.benchmark = True
+            ctx.record("", lambda: setattr(torch.backends.cudnn, "benchmark", False), "cudnn.benchmark=True")
