@@ -18,17 +18,6 @@ from pathlib import Path
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _cpu_flags() -> list[str]:
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "fma")
     try:
@@ -46,11 +35,11 @@ def env_info() -> dict:
     """Hardware, library versions and date for a results file."""
     import torch
 
-    from fastdiff._compat import version_of
+    from fastdiff._compat import cpu_model, version_of
 
     info = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_flags": _cpu_flags(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

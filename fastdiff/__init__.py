@@ -8,7 +8,7 @@ Two levers that multiply:
 * fewer U-Net evaluations: :func:`make_scheduler` (DDIM, DPM-Solver++, UniPC,
   LCM) and dynamic step control (:mod:`fastdiff.dynamic`, :func:`sample`).
 
-Heavy submodules load lazily, so ``import fastdiff`` stays cheap.
+Samplers, dynamic control, pipelines and engines load lazily on first use.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import importlib
 
 __version__ = "0.1.0"
 
+# Imported eagerly: the subpackage fastdiff.optimize shares its name with the
+# function, and importing the subpackage would otherwise bind the module to
+# `fastdiff.optimize`. After this line the name is the function for good.
+from fastdiff.optimize import OptimizeConfig, optimize, report, restore  # noqa: E402
+
 # public name -> module that defines it
 _LAZY = {
-    "optimize": "fastdiff.optimize",
-    "OptimizeConfig": "fastdiff.optimize",
-    "report": "fastdiff.optimize",
-    "restore": "fastdiff.optimize",
     "make_scheduler": "fastdiff.samplers",
     "sample": "fastdiff.dynamic",
     "SampleResult": "fastdiff.dynamic",
@@ -33,7 +34,7 @@ _LAZY = {
     "compile_engine": "fastdiff.engines",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", "OptimizeConfig", "optimize", "report", "restore", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -92,3 +92,17 @@ def triton_unusable_reason(device) -> str:
     if dev.type == "cuda" and not torch.cuda.is_available():
         return "CUDA is not available"
     return f"Triton does not support device type '{dev.type}'"
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else platform's guess."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"

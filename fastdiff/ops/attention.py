@@ -48,6 +48,10 @@ def _check_backend_name(backend: str) -> None:
 def _sdpa(q, k, v, attn_mask, scale, kernel):
     if kernel is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    if kernel in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION) and q.device.type != "cuda":
+        raise AttentionBackendError(
+            f"SDPA backend {kernel.name} needs CUDA tensors, got {q.device.type}; on CPU use 'auto', 'sdpa', 'flash' or 'math'"
+        )
     try:
         with sdpa_kernel([kernel]):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)

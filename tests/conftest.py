@@ -1,0 +1,19 @@
+"""Test-wide setup.
+
+Triton kernels can run on CPU tensors only through the interpreter, and the
+switch must be set before any kernel is defined, hence before fastdiff's
+kernel modules are imported. On a CUDA machine the real kernels run.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Plans measured during tests must not leak into (or come from) the user's cache.
+os.environ.setdefault(
+    "FASTDIFF_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "fastdiff")
+)
+torch.set_num_threads(min(2, os.cpu_count() or 1))
