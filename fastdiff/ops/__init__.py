@@ -8,5 +8,15 @@
 
 from fastdiff.ops.attention import BACKENDS as ATTENTION_BACKENDS
 from fastdiff.ops.attention import AttentionBackendError, attention, usable_backends
+from fastdiff.ops.conv import conv3x3
+from fastdiff.ops.norm import group_norm_silu, group_norm_silu_conv3x3
 
-__all__ = ["ATTENTION_BACKENDS", "AttentionBackendError", "attention", "usable_backends"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackendError",
+    "attention",
+    "conv3x3",
+    "group_norm_silu",
+    "group_norm_silu_conv3x3",
+    "usable_backends",
+]
