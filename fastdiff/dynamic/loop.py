@@ -298,7 +298,8 @@ def sample(
         generator: torch.Generator or per-row list, forwarded to stochastic schedulers' ``step``.
         step_kwargs: extra keywords for ``scheduler.step`` (those it accepts), e.g. ``{"eta": 0.0}``.
         start_step: first step of the schedule to run (SDEdit/img2img: the latents are already noised to
-            that step's timestep).
+            that step's timestep). With ``num_inference_steps=None`` and ``start_step=0`` the scheduler's
+            ``begin_index`` (if set) decides.
         stop_after: pause after this many ticks and return a resumable state (progressive refinement).
     """
     _check_inputs(model_fn, latents, scheduler, num_inference_steps, start_step, stop_after)
@@ -331,7 +332,10 @@ def sample(
     def make_track(rows, n, x):
         if n is None:
             sch = copy.deepcopy(scheduler)
-            begin = getattr(sch, "begin_index", None) or 0
+            if start_step:
+                begin = start_step * getattr(sch, "order", 1)
+            else:
+                begin = getattr(sch, "begin_index", None) or 0
         else:
             sch, begin = _new_scheduler(scheduler, n, device, start_step)
         timesteps = sch.timesteps

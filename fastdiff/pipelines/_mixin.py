@@ -262,7 +262,7 @@ class FastdiffPipelineMixin:
                     controller=controller,
                     generator=generator,
                     step_kwargs=step_kwargs,
-                    start_step=start_step if num is not None and not isinstance(num, AutoSteps) else 0,
+                    start_step=0 if isinstance(num, AutoSteps) else start_step,
                     stop_after=preview_steps,
                 )
                 timings["denoise"] = time.perf_counter() - t0
@@ -336,16 +336,20 @@ class FastdiffPipelineMixin:
 
         scheduler.scale_model_input = spy
         handle = self.unet.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        bar_config = getattr(self, "_progress_bar_config", None)
+        self._progress_bar_config = {**(bar_config or {}), "disable": True}  # the aborted loop's bar is noise
         try:
             with self._fastdiff_swapped_scheduler(scheduler), torch.no_grad():
-                super().__call__(
-                    *args, num_inference_steps=num_inference_steps, output_type="latent", **kwargs
-                )
+                super().__call__(*args, num_inference_steps=num_inference_steps, output_type="latent", **kwargs)
         except _Captured:
             pass
         finally:
             handle.remove()
             del scheduler.scale_model_input
+            if bar_config is None:
+                del self._progress_bar_config
+            else:
+                self._progress_bar_config = bar_config
         if "kwargs" not in box:
             raise RuntimeError(
                 "the diffusers pipeline returned without evaluating its U-Net (zero denoising steps?); "
@@ -358,9 +362,14 @@ class FastdiffPipelineMixin:
         do_cfg = bool(self.do_classifier_free_guidance)
         state = box.get("state", model_input)
         latents = state.chunk(2)[0] if do_cfg else state
-        unet_kwargs.pop("timestep", None)
+        # where diffusers started (img2img skips the first steps; not every scheduler has begin_index)
+        t_first = box["args"][1] if len(box["args"]) > 1 else unet_kwargs.pop("timestep")
         order = getattr(scheduler, "order", 1)
         begin = getattr(scheduler, "begin_index", None) or 0
+        timesteps = scheduler.timesteps
+        hits = (timesteps[begin:].to(torch.as_tensor(t_first).device) == t_first).nonzero().flatten()
+        if len(hits):
+            begin += int(hits[0])
         return _Capture(
             latents=latents.clone(),
             unet_kwargs=unet_kwargs,
