@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -21,7 +22,8 @@ def weights_dir(variant: str = "base", weights_root: str | None = None) -> str:
     """Folder of a variant, loadable with ``diffusers.StableDiffusionPipeline.from_pretrained``."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    path = os.path.join(weights_root or _WEIGHTS_ROOT, variant)
+    # FASTDIFF_TINY_WEIGHTS points at freshly trained weights without reinstalling
+    path = os.path.join(weights_root or os.environ.get("FASTDIFF_TINY_WEIGHTS") or _WEIGHTS_ROOT, variant)
     if not os.path.isfile(os.path.join(path, "model_index.json")):
         raise FileNotFoundError(
             f"fastdiff-tiny weights for {variant!r} not found at {path}; train them with scripts/train_tiny.py"
@@ -42,10 +44,24 @@ def load_pipeline(
             float32 is the default for CPU).
     """
     from diffusers import StableDiffusionPipeline
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
 
-    pipe = StableDiffusionPipeline.from_pretrained(
-        weights_dir(variant, weights_root), torch_dtype=dtype, local_files_only=True
-    )
+    bars = dlog.is_progress_bar_enabled(), tlog.is_progress_bar_enabled()
+    dlog.disable_progress_bar()  # loading a 9 MB model needs no progress bars
+    tlog.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            # diffusers >= 0.36 prefers `dtype=`; `torch_dtype=` works on every supported version
+            warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+            pipe = StableDiffusionPipeline.from_pretrained(
+                weights_dir(variant, weights_root), torch_dtype=dtype, local_files_only=True
+            )
+    finally:
+        if bars[0]:
+            dlog.enable_progress_bar()
+        if bars[1]:
+            tlog.enable_progress_bar()
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
 

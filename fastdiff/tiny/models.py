@@ -9,6 +9,8 @@ code path that handles SD handles this model too.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from fastdiff.tiny.data import IMAGE_SIZE, VOCAB
@@ -62,11 +64,71 @@ UNET_CONFIG = dict(
 )
 
 
+def _merge_chains(words) -> list[tuple[str, str]]:
+    """Left-to-right merge chain of each word, in the given word order, without repeats."""
+    merges, seen = [], set()
+    for word in words:
+        symbols = list(word[:-1]) + [word[-1] + "</w>"]
+        left = symbols[0]
+        for right in symbols[1:]:
+            if (left, right) not in seen:
+                seen.add((left, right))
+                merges.append((left, right))
+            left += right
+    return merges
+
+
+def _bpe_pieces(word: str, ranks: dict) -> int:
+    """Number of tokens byte-pair encoding with merge `ranks` leaves `word` in."""
+    symbols = list(word[:-1]) + [word[-1] + "</w>"]
+    while len(symbols) > 1:
+        pairs = [(ranks.get((a, b), 1 << 30), i) for i, (a, b) in enumerate(zip(symbols, symbols[1:]))]
+        rank, i = min(pairs)
+        if rank == 1 << 30:
+            break
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    return len(symbols)
+
+
 def build_tokenizer(save_dir: str | None = None):
-    """The local CLIP tokenizer: every data-set word is one token."""
+    """The local CLIP tokenizer: every data-set word is one token.
+
+    BPE applies the lowest-ranked merge present anywhere in a word, so one word's
+    merge can hijack another's chain ("p l" from "plain" splits "purple" into
+    pur|pl|e). The builder's merges are therefore re-ranked (same merges, same
+    vocabulary) in a word order where no word is split, found by moving split
+    words to the front until none is; the result is checked before returning.
+    """
+    import tempfile
+
+    from transformers import CLIPTokenizer
+
     from fastdiff.testing.tokenizer import build_clip_tokenizer
 
-    return build_clip_tokenizer(VOCAB, save_dir=save_dir, model_max_length=MAX_TOKENS)
+    save_dir = save_dir or tempfile.mkdtemp(prefix="fastdiff-tiny-tok-")
+    build_clip_tokenizer(VOCAB, save_dir=save_dir, model_max_length=MAX_TOKENS)
+    order = sorted(set(VOCAB))
+    for _ in range(100):
+        merges = _merge_chains(order)
+        ranks = {m: r for r, m in enumerate(merges)}
+        split = [w for w in order if _bpe_pieces(w, ranks) != 1]
+        if not split:
+            break
+        order = split + [w for w in order if w not in split]
+    else:
+        raise RuntimeError(f"no merge order keeps {split} whole")
+    merges_file = os.path.join(save_dir, "merges.txt")
+    with open(merges_file, encoding="utf-8") as f:
+        built = {tuple(line.split()) for line in f.read().splitlines()[1:] if line}
+    if built != set(merges):
+        raise RuntimeError("tokenizer builder produced unexpected merges; cannot re-rank them")
+    with open(merges_file, "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    tok = CLIPTokenizer.from_pretrained(save_dir, local_files_only=True)
+    split = [w for w in VOCAB if len(tok(w, add_special_tokens=False).input_ids) != 1]
+    if split:
+        raise RuntimeError(f"words not single tokens: {split}")
+    return tok
 
 
 def build_vae():

@@ -1,0 +1,117 @@
+"""fastdiff.metrics: PSNR/SSIM against closed-form values, the attribute checker against ground truth."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastdiff.metrics import checker_accuracy, colour_map, psnr, read_attributes, score, ssim
+from fastdiff.metrics.attributes import classify_shape
+from fastdiff.tiny.data import COLOUR_NAMES, COLOURS, Attributes, make_dataset
+
+
+def _rand(seed, shape=(2, 3, 32, 32)):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, generator=g)
+
+
+def test_identical_images_give_inf_psnr_and_unit_ssim():
+    a = _rand(0)
+    assert psnr(a, a) == math.inf
+    assert ssim(a, a) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_psnr_matches_known_noise_level():
+    torch.manual_seed(0)
+    a = torch.full((1, 3, 64, 64), 0.5, dtype=torch.float64)
+    noise = 0.05 * torch.randn_like(a)  # |noise| < 0.25 everywhere, so nothing clips
+    b = a + noise
+    expected = 10 * math.log10(1.0 / noise.pow(2).mean().item())
+    assert psnr(a, b) == pytest.approx(expected, rel=1e-9)
+    assert psnr(a, b) == pytest.approx(20 * math.log10(1 / 0.05), abs=0.2)  # ~26.0 dB for sigma 0.05
+    assert psnr(a * 255, b * 255, data_range=255.0) == pytest.approx(expected, rel=1e-9)
+
+
+def test_ssim_of_constant_images_is_the_luminance_term():
+    # constant images have zero variance, so SSIM reduces to (2 mu_a mu_b + C1) / (mu_a^2 + mu_b^2 + C1)
+    a = torch.full((1, 1, 16, 16), 0.3, dtype=torch.float64)
+    b = torch.full((1, 1, 16, 16), 0.5, dtype=torch.float64)
+    c1 = 0.01**2
+    assert ssim(a, b) == pytest.approx((2 * 0.3 * 0.5 + c1) / (0.3**2 + 0.5**2 + c1), rel=1e-9)
+
+
+def test_ssim_and_psnr_fall_as_noise_grows():
+    a = _rand(1, (1, 3, 48, 48))
+    g = torch.Generator().manual_seed(2)
+    noise = torch.randn(a.shape, generator=g)
+    ps = [psnr(a, a + s * noise) for s in (0.01, 0.05, 0.2)]
+    ss = [ssim(a, a + s * noise) for s in (0.01, 0.05, 0.2)]
+    assert ps[0] > ps[1] > ps[2]
+    assert 1.0 > ss[0] > ss[1] > ss[2]
+
+
+def test_input_types_agree():
+    a8 = (np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8)
+    b8 = np.clip(a8.astype(int) + 9, 0, 255).astype(np.uint8)
+    t = lambda x: torch.from_numpy(x).permute(2, 0, 1).double() / 255
+    for fn in (psnr, ssim):
+        ref = fn(t(a8), t(b8))
+        assert fn(a8, b8) == pytest.approx(ref, rel=1e-12)
+        assert fn(Image.fromarray(a8), Image.fromarray(b8)) == pytest.approx(ref, rel=1e-12)
+        assert fn(a8.astype(np.float32) / 255, b8.astype(np.float32) / 255) == pytest.approx(ref, rel=1e-6)
+    per_image = psnr(np.stack([a8, a8]), np.stack([b8, a8]), reduction="none")
+    assert per_image.shape == (2,) and per_image[1] == math.inf
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="same shape"):
+        psnr(_rand(0, (1, 3, 16, 16)), _rand(0, (1, 3, 16, 17)))
+    with pytest.raises(TypeError, match="PIL image"):
+        psnr("a.png", "b.png")
+    with pytest.raises(ValueError, match="smaller than"):
+        ssim(_rand(0, (1, 3, 8, 8)), _rand(1, (1, 3, 8, 8)))
+    with pytest.raises(ValueError, match="reduction"):
+        psnr(_rand(0), _rand(1), reduction="sum")
+
+
+def test_checker_is_exact_on_ground_truth_images():
+    acc = checker_accuracy(n=240, seed=11)
+    assert acc["shape_colour"] == 1.0 and acc["bg_colour"] == 1.0 and acc["shape"] >= 0.99
+
+
+def test_checker_rejects_wrong_attributes():
+    images, attrs = make_dataset(60, seed=5, split="all")
+    swapped = [Attributes(a.shape, a.bg_colour, a.shape_colour, a.texture) for a in attrs]
+    s = score(images, swapped)
+    assert s["shape_colour"] == 0.0 and s["bg_colour"] == 0.0
+    others = {"circle": "square", "square": "triangle", "triangle": "circle"}
+    wrong_shape = [Attributes(others[a.shape], a.shape_colour, a.bg_colour, a.texture) for a in attrs]
+    assert score(images, wrong_shape)["shape"] <= 0.02
+    with pytest.raises(ValueError, match="attribute sets"):
+        score(images, attrs[:-1])
+
+
+def test_colour_map_on_palette_tones_and_blank_image():
+    for i, name in enumerate(COLOUR_NAMES):
+        img = np.tile(np.array(COLOURS[name], np.uint8), (8, 8, 1))
+        assert (colour_map(img) == i).all()
+        dark = (img * 0.6).astype(np.uint8)
+        assert (colour_map(dark) == i).all()
+    blank = np.tile(np.array(COLOURS["blue"], np.uint8), (64, 64, 1))
+    reading = read_attributes(blank)[0]
+    assert reading.bg_colour == "blue" and reading.shape_colour is None and reading.shape is None
+
+
+def test_shape_classifier_on_drawn_masks():
+    yy, xx = np.mgrid[0:64, 0:64] + 0.5
+    circle = (xx - 30) ** 2 + (yy - 33) ** 2 <= 13**2
+    square = (abs(xx - 20) <= 9) & (abs(yy - 40) <= 9)
+    tri = (yy >= 10) & (yy <= 40) & (abs(xx - 32) <= (yy - 10) / 2)
+    assert classify_shape(circle) == "circle"
+    assert classify_shape(square) == "square"
+    assert classify_shape(tri) == "triangle"
+    assert classify_shape(np.zeros((64, 64), bool)) is None
