@@ -24,6 +24,9 @@ import torch.nn.functional as F
 
 from ._triton_compat import HAS_TRITON, check_triton_device, interpreting, tl, triton
 
+if HAS_TRITON:
+    from ._triton_compat import round_bf16_rne
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # one-pass kernel when the padded group fits in this many registers-worth of elements
 ONE_PASS_MAX_ELEMENTS = 8192
@@ -45,6 +48,11 @@ def check_group_norm_inputs(x, num_groups, weight, bias) -> None:
     c = x.shape[1]
     if c % num_groups:
         raise ValueError(f"channels ({c}) must be divisible by num_groups ({num_groups})")
+    if x.numel() and (c // num_groups) * x.shape[2] * x.shape[3] < 2:
+        raise ValueError(
+            f"GroupNorm needs more than one value per group; got {c // num_groups} channel(s) per group "
+            f"of a {x.shape[2]}x{x.shape[3]} image"
+        )
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
             if p.shape != (c,):
@@ -151,7 +159,7 @@ if HAS_TRITON:
     @triton.jit
     def _affine_silu_kernel(
         x_ptr, y_ptr, scale_ptr, shift_ptr, C, HW, TOTAL,
-        CHANNELS_LAST: tl.constexpr, APPLY_SILU: tl.constexpr, BLOCK: tl.constexpr,
+        CHANNELS_LAST: tl.constexpr, APPLY_SILU: tl.constexpr, EMULATE_BF16: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         """y = silu(x * scale[n, c] + shift[n, c]) over contiguous (NCHW or NHWC) memory."""
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -167,6 +175,8 @@ if HAS_TRITON:
         v = v * tl.load(scale_ptr + nc, mask=mask, other=0.0) + tl.load(shift_ptr + nc, mask=mask, other=0.0)
         if APPLY_SILU:
             v = v * tl.sigmoid(v)
+        if EMULATE_BF16:
+            v = round_bf16_rne(v)
         tl.store(y_ptr + offs, v.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -174,7 +184,7 @@ if HAS_TRITON:
         x_ptr, y_ptr, gamma_ptr, beta_ptr,
         C, HW, CG, eps,
         sxn, sxc, sxhw,
-        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, EMULATE_BF16: tl.constexpr,
         BLOCK_HW: tl.constexpr, BLOCK_CG: tl.constexpr,
     ):  # fmt: skip
         """Whole (n, g) group in registers: exact two-pass statistics, then normalise + SiLU, one read."""
@@ -203,6 +213,8 @@ if HAS_TRITON:
             y = y + tl.load(beta_ptr + c, mask=cc < CG, other=0.0).to(tl.float32)[None, :]
         if APPLY_SILU:
             y = y * tl.sigmoid(y)
+        if EMULATE_BF16:
+            y = round_bf16_rne(y)
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -274,7 +286,8 @@ def affine_silu_triton(x, scale, shift, apply_silu=True, out=None):
     total = x.numel()
     _affine_silu_kernel[(triton.cdiv(total, block),)](
         x, out, scale, shift, c, h * w, total,
-        CHANNELS_LAST=channels_last, APPLY_SILU=apply_silu, BLOCK=block, num_warps=4,
+        CHANNELS_LAST=channels_last, APPLY_SILU=apply_silu, BLOCK=block,
+        EMULATE_BF16=out.dtype == torch.bfloat16 and interpreting(), num_warps=4,
     )  # fmt: skip
     return out
 
@@ -289,8 +302,11 @@ def group_norm_silu_triton(
     apply_silu: bool = True,
     one_pass: bool | None = None,
     splits: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """GroupNorm (+SiLU) with Triton. ``one_pass=None`` picks the single-read kernel for small groups."""
+    """GroupNorm (+SiLU) with Triton. ``one_pass=None`` picks the single-read kernel for small groups.
+
+    ``out`` (optional) must be a dense tensor with x's shape, dtype and memory format."""
     check_group_norm_inputs(x, num_groups, weight, bias)
     check_triton_device(x, weight, bias)
     if x.dtype not in SUPPORTED_DTYPES:
@@ -301,15 +317,19 @@ def group_norm_silu_triton(
     block_hw, block_cg = triton.next_power_of_2(hw), triton.next_power_of_2(cg)
     if one_pass is None:
         one_pass = block_hw * block_cg <= ONE_PASS_MAX_ELEMENTS
-    if one_pass:
+    if out is None:
         out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.stride() != x.stride():
+        raise ValueError("out must match x in shape, dtype and memory format")
+    if one_pass:
         warps = 1 if interpreting() else min(16, max(1, block_hw * block_cg // 512))
         _gn_silu_one_pass_kernel[(n * num_groups,)](
             x, out, weight if weight is not None else x, bias if bias is not None else x,
             c, hw, cg, float(eps), x.stride(0), x.stride(1), x.stride(3),
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=apply_silu,
+            EMULATE_BF16=x.dtype == torch.bfloat16 and interpreting(),
             BLOCK_HW=block_hw, BLOCK_CG=block_cg, num_warps=warps,
         )  # fmt: skip
         return out
     scale, shift = group_norm_scale_shift_triton(x, num_groups, weight, bias, eps, splits=splits)
-    return affine_silu_triton(x, scale, shift, apply_silu=apply_silu)
+    return affine_silu_triton(x, scale, shift, apply_silu=apply_silu, out=out)

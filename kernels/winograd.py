@@ -30,6 +30,9 @@ import torch.nn.functional as F
 
 from ._triton_compat import HAS_TRITON, check_triton_device, interpreting, tl, triton
 
+if HAS_TRITON:
+    from ._triton_compat import round_bf16_rne
+
 # fmt: off
 B_T = torch.tensor([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=torch.float64)
 G = torch.tensor([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=torch.float64)
@@ -154,11 +157,16 @@ if HAS_TRITON:
         return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
     @triton.jit
-    def _tile_gemm(acc, v, u_ptr, idx, CK, u_offs, u_mask, DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr):
+    def _tile_gemm(
+        acc, v, u_ptr, idx, CK, u_offs, u_mask,
+        DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    ):  # fmt: skip
         """acc += V[idx] @ U[idx] with fp32 accumulation."""
         u = tl.load(u_ptr + idx * CK + u_offs, mask=u_mask, other=0.0)
-        if IEEE:  # fp32 operands (exact emulation for bf16 operands where native bf16 dot is unavailable)
-            return tl.dot(v.to(DOT_DTYPE).to(tl.float32), u.to(tl.float32), acc, input_precision="ieee")
+        if EMULATE_BF16:  # interpreter: bf16 operands as exactly-rounded fp32 values, fp32 dot
+            return tl.dot(round_bf16_rne(v), u.to(tl.float32), acc, input_precision="ieee")
+        elif IEEE:
+            return tl.dot(v, u.to(tl.float32), acc, input_precision="ieee")
         else:
             return tl.dot(v.to(DOT_DTYPE), u.to(DOT_DTYPE), acc)
 
@@ -169,7 +177,7 @@ if HAS_TRITON:
         sxn, sxc, sxh, sxw,
         syn, syc, syh, syw,
         HAS_BIAS: tl.constexpr, FUSE_NORM: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
     ):  # fmt: skip
         pid_p = tl.program_id(0)
@@ -238,25 +246,25 @@ if HAS_TRITON:
             u_mask = c_mask[:, None] & k_mask[None, :]
             # (B^T d) B along columns, each transformed plane consumed by its GEMM right away
             v0, v1, v2, v3 = _bt_combine(r00, r01, r02, r03)
-            a00 = _tile_gemm(a00, v0, u_ptr, 0, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a01 = _tile_gemm(a01, v1, u_ptr, 1, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a02 = _tile_gemm(a02, v2, u_ptr, 2, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a03 = _tile_gemm(a03, v3, u_ptr, 3, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
+            a00 = _tile_gemm(a00, v0, u_ptr, 0, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a01 = _tile_gemm(a01, v1, u_ptr, 1, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a02 = _tile_gemm(a02, v2, u_ptr, 2, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a03 = _tile_gemm(a03, v3, u_ptr, 3, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
             v0, v1, v2, v3 = _bt_combine(r10, r11, r12, r13)
-            a10 = _tile_gemm(a10, v0, u_ptr, 4, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a11 = _tile_gemm(a11, v1, u_ptr, 5, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a12 = _tile_gemm(a12, v2, u_ptr, 6, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a13 = _tile_gemm(a13, v3, u_ptr, 7, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
+            a10 = _tile_gemm(a10, v0, u_ptr, 4, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a11 = _tile_gemm(a11, v1, u_ptr, 5, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a12 = _tile_gemm(a12, v2, u_ptr, 6, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a13 = _tile_gemm(a13, v3, u_ptr, 7, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
             v0, v1, v2, v3 = _bt_combine(r20, r21, r22, r23)
-            a20 = _tile_gemm(a20, v0, u_ptr, 8, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a21 = _tile_gemm(a21, v1, u_ptr, 9, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a22 = _tile_gemm(a22, v2, u_ptr, 10, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a23 = _tile_gemm(a23, v3, u_ptr, 11, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
+            a20 = _tile_gemm(a20, v0, u_ptr, 8, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a21 = _tile_gemm(a21, v1, u_ptr, 9, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a22 = _tile_gemm(a22, v2, u_ptr, 10, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a23 = _tile_gemm(a23, v3, u_ptr, 11, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
             v0, v1, v2, v3 = _bt_combine(r30, r31, r32, r33)
-            a30 = _tile_gemm(a30, v0, u_ptr, 12, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a31 = _tile_gemm(a31, v1, u_ptr, 13, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a32 = _tile_gemm(a32, v2, u_ptr, 14, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
-            a33 = _tile_gemm(a33, v3, u_ptr, 15, CK, u_offs, u_mask, DOT_DTYPE, IEEE)
+            a30 = _tile_gemm(a30, v0, u_ptr, 12, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a31 = _tile_gemm(a31, v1, u_ptr, 13, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a32 = _tile_gemm(a32, v2, u_ptr, 14, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
+            a33 = _tile_gemm(a33, v3, u_ptr, 15, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
 
         # A^T M A: first combine rows (index i), then columns (index j)
         o00 = a00 + a10 + a20
@@ -277,6 +285,12 @@ if HAS_TRITON:
             y01 += b
             y10 += b
             y11 += b
+
+        if EMULATE_BF16:  # the interpreter's bf16 store truncates; round to nearest-even first
+            y00 = round_bf16_rne(y00)
+            y01 = round_bf16_rne(y01)
+            y10 = round_bf16_rne(y10)
+            y11 = round_bf16_rne(y11)
 
         oh = h0 + 1
         ow = w0 + 1
@@ -346,7 +360,7 @@ def winograd_conv2d_triton(
         out = torch.empty((n, k, h, w), device=x.device, dtype=x.dtype, memory_format=fmt)
     u = u.to(x.dtype).contiguous()
     bp, bk, bc, warps = block_sizes or _block_sizes(c, k, n * th * tw, x.device)
-    ieee = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreting())
+    emulate_bf16 = x.dtype == torch.bfloat16 and interpreting()
     dummy = u  # never dereferenced when the matching flag is off
     grid = (triton.cdiv(n * th * tw, bp), triton.cdiv(k, bk))
     _winograd_f2x3_kernel[grid](
@@ -355,7 +369,7 @@ def winograd_conv2d_triton(
         n, c, h, w, k, th, tw,
         *x.stride(), *out.stride(),
         HAS_BIAS=bias is not None, FUSE_NORM=fuse,
-        DOT_DTYPE=_TL_DTYPES[x.dtype], IEEE=ieee,
+        DOT_DTYPE=_TL_DTYPES[x.dtype], IEEE=x.dtype == torch.float32, EMULATE_BF16=emulate_bf16,
         BLOCK_P=bp, BLOCK_K=bk, BLOCK_C=bc, num_warps=warps,
     )  # fmt: skip
     return out
