@@ -44,13 +44,32 @@ def generate(pipe, prompts, steps, guidance, seed=0, batch=36):
     return np.concatenate(out)
 
 
-def evaluate(weights_root=None, n_train=72):
+def high_frequency_energy(images: np.ndarray) -> np.ndarray:
+    """Mean absolute difference of neighbouring pixels (0-255 scale) per image: how busy it looks."""
+    x = images.astype(np.float64)
+    return np.abs(np.diff(x, axis=1)).mean(axis=(1, 2, 3)) + np.abs(np.diff(x, axis=2)).mean(axis=(1, 2, 3))
+
+
+def evaluate(weights_root=None, n_train=72, limit=None):
     from diffusers import DPMSolverMultistepScheduler
 
     acc = checker_accuracy(600)
-    rows = [{"model": "ground truth (checker self-test)", "split": "all", "steps": 0, **acc, "wall_s": None}]
-    held = [a for _, a in D.list_prompts("heldout", phrasing="short")]
-    train = D.sample_attributes(n_train, seed=7, split="train")
+    real, real_attrs = D.make_dataset(600, seed=1234, split="all")
+    plain = np.array([a.texture == "plain" for a in real_attrs])
+    hf = high_frequency_energy(real)
+    rows = [
+        {
+            "model": "ground truth (checker self-test)",
+            "split": "all",
+            "steps": 0,
+            **acc,
+            "hf_plain": float(hf[plain].mean()),
+            "hf_textured": float(hf[~plain].mean()),
+            "wall_s": None,
+        }
+    ]
+    held = [a for _, a in D.list_prompts("heldout", phrasing="short")][:limit]
+    train = D.sample_attributes(n_train, seed=7, split="train")[:limit]
     sets = {"heldout": held, "train": train}
     samples = {}
 
@@ -63,8 +82,18 @@ def evaluate(weights_root=None, n_train=72):
             t0 = time.perf_counter()
             images = generate(pipe, [a.prompt for a in attrs], steps, GUIDANCE)
             wall = time.perf_counter() - t0
+            plain = np.array([a.texture == "plain" for a in attrs])
+            hf = high_frequency_energy(images)
             rows.append(
-                {"model": name, "split": split, "steps": steps, **score(images, attrs), "wall_s": wall}
+                {
+                    "model": name,
+                    "split": split,
+                    "steps": steps,
+                    **score(images, attrs),
+                    "hf_plain": float(hf[plain].mean()),
+                    "hf_textured": float(hf[~plain].mean()),
+                    "wall_s": wall,
+                }
             )
             samples[(name, steps, split)] = images
             print(rows[-1], flush=True)
@@ -85,18 +114,33 @@ def main(argv=None):
         "--weights", default=None, help="weights root (default: the shipped fastdiff/tiny/weights)"
     )
     p.add_argument("--out-name", default="tiny_quality")
+    p.add_argument("--limit", type=int, default=None, help="prompts per split (smoke runs)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    rows, samples = evaluate(args.weights)
+    rows, samples = evaluate(args.weights, limit=args.limit)
     notes = (
         f"Attribute accuracy (fraction of images) on all {len(D.list_attributes('heldout'))} held-out prompt "
         f"combinations (colour pairs {sorted(D.HELDOUT_PAIRS)} never seen in training) and 72 training combinations; "
         f"seed i for image i. Teacher: DPMSolverMultistepScheduler (DPM-Solver++ 2M), guidance {GUIDANCE}. "
         f"LCM student: LCMScheduler, guidance-scale input {GUIDANCE} (no CFG pass). Targets (held-out): "
         "shape colour >= 0.80, background colour >= 0.90, LCM 4-step within 10 points of the teacher. "
+        "hf_plain / hf_textured: mean absolute neighbour-pixel difference (0-255) of images whose prompt "
+        "has a plain / textured background (how busy they look). "
         "wall_s: whole-batch generation time on a shared 2-core CPU (indicative only)."
     )
-    columns = ["model", "split", "steps", "shape_colour", "bg_colour", "shape", "all", "n", "wall_s"]
+    columns = [
+        "model",
+        "split",
+        "steps",
+        "shape_colour",
+        "bg_colour",
+        "shape",
+        "all",
+        "n",
+        "hf_plain",
+        "hf_textured",
+    ]
+    columns.append("wall_s")
     jpath, _ = write_results(args.out_name, rows, env_info(), columns, notes)
     save_grid(samples, str(jpath).replace(".json", "_samples.png"))
     print(open(str(jpath).replace(".json", ".md")).read())

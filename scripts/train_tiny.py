@@ -30,6 +30,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +49,8 @@ FULL = dict(
     unet_batch=32,
     lcm_steps=400,
     lcm_batch=16,
+    decoder_steps=300,
+    decoder_batch=16,
 )
 SMOKE = dict(
     n_images=256,
@@ -58,6 +61,8 @@ SMOKE = dict(
     unet_batch=8,
     lcm_steps=3,
     lcm_batch=4,
+    decoder_steps=2,
+    decoder_batch=4,
 )
 
 
@@ -129,6 +134,43 @@ def stage_vae(args, cfg):
             log(f"vae step {step}/{total} l1 {l1.item():.4f} kl {kl.item():.3f} ({time.time() - t0:.0f}s)")
     vae.save_pretrained(os.path.join(args.workdir, "vae"))
     log("vae saved")
+
+
+def stage_decoder(args, cfg):
+    """Fine-tune only the VAE decoder on full 64x64 images, the encoder frozen.
+
+    The latents (and so the U-Nets trained on them) do not change; the decoder gets
+    more steps at full resolution to render the fine textures from them.
+    """
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(args.seed)
+    vae = AutoencoderKL.from_pretrained(os.path.join(args.workdir, "vae"))
+    for p in [*vae.encoder.parameters(), *vae.quant_conv.parameters()]:
+        p.requires_grad_(False)
+    params = [*vae.decoder.parameters(), *vae.post_quant_conv.parameters()]
+    opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(args.seed + 5)
+    rng = np.random.default_rng([args.seed, 5])
+    total, bs = cfg["decoder_steps"], cfg["decoder_batch"]
+    t0 = time.time()
+    for step in range(total):
+        attrs = D.sample_attributes(bs, seed=int(rng.integers(1 << 31)), split="all")
+        x = D.to_tensor(np.stack([D.render(a, rng) for a in attrs]))
+        with torch.no_grad():
+            post = vae.encode(x).latent_dist
+            z = post.mean + post.std * torch.randn(post.mean.shape, generator=gen)
+        set_lr(opt, lr_at(step, total, 3e-4, 20))
+        rec = vae.decode(z).sample
+        loss = (rec - x).abs().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 25 == 0 or step == total - 1:
+            log(f"decoder step {step}/{total} l1 {loss.item():.4f} ({time.time() - t0:.0f}s)")
+    vae.save_pretrained(os.path.join(args.workdir, "vae"))
+    log("vae with fine-tuned decoder saved")
 
 
 # ----------------------------------------------------------------------------- latents
@@ -385,6 +427,7 @@ STAGES = {
     "vae": stage_vae,
     "latents": stage_latents,
     "unet": stage_unet,
+    "decoder": stage_decoder,
     "lcm": stage_lcm,
     "export": stage_export,
 }
