@@ -46,12 +46,19 @@ class GroupNormSiLU(nn.GroupNorm):
     def from_module(cls, norm: nn.GroupNorm, backend="auto", plan_cache_dir=None) -> GroupNormSiLU:
         if not isinstance(norm, nn.GroupNorm):
             raise TypeError(f"expected an nn.GroupNorm, got {type(norm).__name__}")
-        _check_backend(backend)
         new = share_module_state(norm, cls.__new__(cls))
-        new.backend = backend
-        new.plan_cache_dir = plan_cache_dir
-        new.plans = {}
+        new._init_fused(backend, plan_cache_dir)
         return new
+
+    def __init__(self, *args, backend="auto", plan_cache_dir=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_fused(backend, plan_cache_dir)
+
+    def _init_fused(self, backend, plan_cache_dir) -> None:
+        _check_backend(backend)
+        self.backend = backend
+        self.plan_cache_dir = plan_cache_dir
+        self.plans = {}
 
     def _reference(self, x):
         return F.silu(F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps))
@@ -110,13 +117,23 @@ class FusedResnetBlock2D(ResnetBlock2D):
         reason = fused_resnet_ineligible_reason(block)
         if reason is not None:
             raise ValueError(f"cannot fuse this ResnetBlock2D: {reason}")
-        _check_backend(backend)
         new = share_module_state(block, cls.__new__(cls))
-        new.backend = backend
-        new.plan_cache_dir = plan_cache_dir
-        new.plans = {}
-        new.weight_caches = {"conv1": TransformedWeightCache(), "conv2": TransformedWeightCache()}
+        new._init_fused(backend, plan_cache_dir)
         return new
+
+    def __init__(self, *args, backend="auto", plan_cache_dir=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        reason = fused_resnet_ineligible_reason(self)
+        if reason is not None:
+            raise ValueError(f"FusedResnetBlock2D cannot be built with these arguments: {reason}")
+        self._init_fused(backend, plan_cache_dir)
+
+    def _init_fused(self, backend, plan_cache_dir) -> None:
+        _check_backend(backend)
+        self.backend = backend
+        self.plan_cache_dir = plan_cache_dir
+        self.plans = {}
+        self.weight_caches = {"conv1": TransformedWeightCache(), "conv2": TransformedWeightCache()}
 
     # -- the three ways to run norm -> (scale/shift) -> SiLU -> conv -------------------------------------
     def _unfused(self, x, norm, conv, es, et):

@@ -112,14 +112,23 @@ class WinogradConv2d(nn.Conv2d):
         reason = winograd_ineligible_reason(conv)
         if reason is not None:
             raise ValueError(f"cannot convert to WinogradConv2d: {reason}")
+        new = share_module_state(conv, cls.__new__(cls))
+        new._init_winograd(mode, plan_cache_dir)
+        return new
+
+    def __init__(self, *args, winograd_mode="auto", plan_cache_dir=None, **kwargs):
+        # plain construction must work too: PEFT builds its LoRA convs with type(base_layer)(...)
+        super().__init__(*args, **kwargs)
+        self._init_winograd(winograd_mode, plan_cache_dir)
+
+    def _init_winograd(self, mode, plan_cache_dir) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'auto' or True, got {mode!r}")
-        new = share_module_state(conv, cls.__new__(cls))
-        new.winograd_mode = mode
-        new.plan_cache_dir = plan_cache_dir
-        new.weight_cache = TransformedWeightCache()
-        new.plans = {}  # plan key -> record (choice, timings, source)
-        return new
+        self.winograd_mode = mode
+        self.plan_cache_dir = plan_cache_dir
+        self.weight_cache = TransformedWeightCache()
+        self.plans = {}  # plan key -> record (choice, timings, source)
+        self.winograd_eligible = winograd_ineligible_reason(self) is None
 
     def _choose(self, x: torch.Tensor) -> str:
         key = conv3x3_plan_key(x, self.out_channels, self.bias is not None)
@@ -146,7 +155,8 @@ class WinogradConv2d(nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
-            x.dim() != 4
+            not self.winograd_eligible
+            or x.dim() != 4
             or x.dtype not in SUPPORTED_DTYPES
             or x.dtype != self.weight.dtype
             or x.device != self.weight.device
