@@ -1,0 +1,156 @@
+"""On-disk engine cache with integrity checks.
+
+An entry is a directory ``<root>/<key>/`` holding the engine artifacts and a
+``meta.json`` that records what the key was computed from and the sha256 and
+size of every artifact. The key hashes the U-Net weights, the shape profile,
+the precision/quantisation options and the versions of every library that
+touches the artifact, so a change in any of them is a different entry.
+
+Loading re-hashes the artifacts; a missing, truncated or modified file, or a
+meta.json that does not match, makes the entry invalid: it is deleted and the
+caller rebuilds. Entries are written to a temporary directory and renamed into
+place, so a crash mid-build never leaves a half-written entry behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("fastdiff.engines")
+
+CACHE_FORMAT = 1
+_META = "meta.json"
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir`` if given, else ``$FASTDIFF_CACHE_DIR/engines``, else ``~/.cache/fastdiff/engines``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("FASTDIFF_CACHE_DIR")
+    if env:
+        return Path(env) / "engines"
+    return Path.home() / ".cache" / "fastdiff" / "engines"
+
+
+def weights_fingerprint(module: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape and raw bytes)."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def library_versions(backend: str) -> dict[str, str | None]:
+    from .. import __version__
+    from .._compat import version_of
+
+    versions = {
+        "fastdiff": __version__,
+        "torch": torch.__version__,
+        "onnx": version_of("onnx"),
+        "diffusers": version_of("diffusers"),
+    }
+    versions[backend] = version_of(backend)
+    return versions
+
+
+def make_key(parts: dict) -> str:
+    """Stable hash of a JSON-serialisable description of an engine."""
+    blob = json.dumps({"format": CACHE_FORMAT, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+
+class EngineCache:
+    """A directory of validated engine entries."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = cache_root(root)
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key
+
+    def validate(self, key: str, parts: dict) -> str | None:
+        """Why the entry for ``key`` is unusable, or None if it is intact and matches ``parts``."""
+        entry = self.entry_dir(key)
+        meta_path = entry / _META
+        if not meta_path.is_file():
+            return "no meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as e:
+            return f"unreadable meta.json ({e})"
+        if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
+            return "meta.json belongs to another key or cache format"
+        if json.loads(json.dumps(parts, sort_keys=True, default=str)) != meta.get("parts"):
+            return "stale: recorded build parameters differ"
+        files = meta.get("files")
+        if not isinstance(files, dict) or not files:
+            return "meta.json lists no artifacts"
+        for name, info in files.items():
+            path = entry / name
+            if not path.is_file():
+                return f"artifact {name} is missing"
+            if path.stat().st_size != info.get("size"):
+                return f"artifact {name} has the wrong size"
+            if file_sha256(path) != info.get("sha256"):
+                return f"artifact {name} fails its sha256 check"
+        return None
+
+    def lookup(self, key: str, parts: dict) -> dict | None:
+        """Meta of a valid entry, or None; an invalid entry is removed (and logged) so it gets rebuilt."""
+        entry = self.entry_dir(key)
+        if not entry.exists():
+            return None
+        reason = self.validate(key, parts)
+        if reason is None:
+            return json.loads((entry / _META).read_text())
+        logger.warning("fastdiff engine cache entry %s is invalid (%s); rebuilding", entry, reason)
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+    def staging_dir(self) -> Path:
+        """A fresh directory to build an entry in before :meth:`commit`."""
+        path = self.root / f".staging-{uuid.uuid4().hex}"
+        path.mkdir(parents=True)
+        return path
+
+    def commit(self, key: str, parts: dict, staging: Path, extra: dict | None = None) -> dict:
+        """Hash the artifacts in ``staging``, write meta.json and move the entry into place."""
+        files = {
+            p.name: {"sha256": file_sha256(p), "size": p.stat().st_size}
+            for p in sorted(staging.iterdir())
+            if p.is_file() and p.name != _META
+        }
+        meta = {
+            "format": CACHE_FORMAT,
+            "key": key,
+            "parts": json.loads(json.dumps(parts, sort_keys=True, default=str)),
+            "files": files,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **(extra or {}),
+        }
+        (staging / _META).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        entry = self.entry_dir(key)
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(staging, entry)
+        return meta

@@ -1,0 +1,245 @@
+"""Record real U-Net inputs from pipeline runs for INT8 calibration and quality checks.
+
+Activation ranges in a diffusion U-Net move a lot with the timestep (early, noisy
+steps and late, clean steps see very different statistics), so calibration data
+must cover the whole trajectory. Following NVIDIA Model Optimizer's recipe we run
+the actual pipeline over a set of prompts and record, at every step, exactly what
+the U-Net receives: the latent batch (including both halves of the CFG pair), the
+timestep, the text embeddings and any added conditioning (SDXL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from .export import unet_signature
+
+_RECORD_KEYS = ("sample", "timestep", "encoder_hidden_states", "timestep_cond", "text_embeds", "time_ids")
+
+
+@dataclasses.dataclass
+class CalibrationData:
+    """U-Net inputs recorded step by step; each record maps flat input names to CPU float32 tensors.
+
+    Every record carries a batch dimension (the timestep is broadcast to it), so a
+    record can be fed directly to an exported ONNX graph.
+    """
+
+    records: list[dict[str, torch.Tensor]]
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return iter(self.records)
+
+    @property
+    def timesteps(self) -> list[float]:
+        return [float(r["timestep"].flatten()[0]) for r in self.records]
+
+    def split(self, holdout_every: int = 4) -> tuple[CalibrationData, CalibrationData]:
+        """(calibration, held-back) split: every ``holdout_every``-th record is held back.
+
+        Interleaving keeps both parts spread over all timesteps and prompts.
+        """
+        if holdout_every < 2:
+            raise ValueError(f"holdout_every must be >= 2, got {holdout_every}")
+        if len(self.records) < 2:
+            raise ValueError("need at least 2 records to split calibration data")
+        held = [r for i, r in enumerate(self.records) if i % holdout_every == holdout_every - 1]
+        kept = [r for i, r in enumerate(self.records) if i % holdout_every != holdout_every - 1]
+        if not held:
+            held, kept = kept[-1:], kept[:-1]
+        return CalibrationData(kept, dict(self.meta)), CalibrationData(held, dict(self.meta))
+
+    def subset(self, max_records: int) -> CalibrationData:
+        """At most ``max_records`` records spread evenly over the sequence (hence over timesteps)."""
+        n = len(self.records)
+        if max_records >= n:
+            return self
+        idx = sorted({round(i * (n - 1) / max(max_records - 1, 1)) for i in range(max_records)})
+        return CalibrationData([self.records[i] for i in idx], dict(self.meta))
+
+    def numpy_records(self, input_names: Sequence[str]) -> Iterator[dict]:
+        for r in self.records:
+            missing = [n for n in input_names if n not in r]
+            if missing:
+                raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(r)}")
+            yield {n: r[n].numpy() for n in input_names}
+
+    def fingerprint(self) -> str:
+        """sha256 over every recorded tensor (used in engine cache keys)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for r in self.records:
+            for k in sorted(r):
+                t = r[k].contiguous()
+                h.update(k.encode())
+                h.update(str(tuple(t.shape)).encode())
+                h.update(t.numpy().tobytes())
+        return h.hexdigest()
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write to a ``.safetensors`` file (no pickle), meta in its header."""
+        from safetensors.torch import save_file
+
+        tensors = {f"{i:06d}.{k}": v.contiguous() for i, r in enumerate(self.records) for k, v in r.items()}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata={"fastdiff_calibration": json.dumps(self.meta)})
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CalibrationData:
+        from safetensors import safe_open
+
+        records: dict[int, dict[str, torch.Tensor]] = {}
+        with safe_open(str(path), framework="pt") as f:
+            meta_raw = (f.metadata() or {}).get("fastdiff_calibration")
+            if meta_raw is None:
+                raise ValueError(
+                    f"{path} is not a fastdiff calibration file (no 'fastdiff_calibration' metadata)"
+                )
+            for key in f.keys():
+                index, name = key.split(".", 1)
+                records.setdefault(int(index), {})[name] = f.get_tensor(key)
+        return cls([records[i] for i in sorted(records)], json.loads(meta_raw))
+
+
+def _flat_inputs(bound: inspect.BoundArguments) -> dict[str, torch.Tensor]:
+    """Turn one U-Net call's arguments into flat, batch-first CPU float32 tensors."""
+    args = bound.arguments
+    sample = args["sample"]
+    batch = sample.shape[0]
+    t = args["timestep"]
+    t = torch.as_tensor(t, dtype=torch.float32).flatten()
+    t = t.expand(batch) if t.numel() == 1 else t
+    record = {
+        "sample": sample.detach().float().cpu().clone(),
+        "timestep": t.detach().float().cpu().clone(),
+        "encoder_hidden_states": args["encoder_hidden_states"].detach().float().cpu().clone(),
+    }
+    if args.get("timestep_cond") is not None:
+        record["timestep_cond"] = args["timestep_cond"].detach().float().cpu().clone()
+    added = args.get("added_cond_kwargs") or {}
+    for key in ("text_embeds", "time_ids"):
+        if key in added and added[key] is not None:
+            record[key] = added[key].detach().float().cpu().clone()
+    return record
+
+
+class UNetInputRecorder:
+    """Context manager that records every U-Net call's inputs via a forward pre-hook."""
+
+    def __init__(self, unet: torch.nn.Module):
+        self.unet = unet
+        self.records: list[dict[str, torch.Tensor]] = []
+        self._signature = inspect.signature(unet.forward)
+        self._handle = None
+
+    def _hook(self, module, args, kwargs):
+        bound = self._signature.bind(*args, **kwargs)
+        self.records.append(_flat_inputs(bound))
+
+    def __enter__(self):
+        self._handle = self.unet.register_forward_pre_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+        return False
+
+
+def calibrate(
+    pipe,
+    prompts: Sequence[str],
+    num_inference_steps: int = 20,
+    guidance_scale: float = 7.5,
+    *,
+    negative_prompt: str | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    prompts_per_batch: int = 1,
+    seed: int = 0,
+    **pipe_kwargs,
+) -> CalibrationData:
+    """Run ``pipe`` over ``prompts`` and record the U-Net's inputs at every step.
+
+    With ``guidance_scale > 1`` each record holds the CFG pair (batch ``2 * prompts_per_batch``).
+    The pipeline runs with ``output_type="latent"`` (the VAE decode is not needed).
+
+    Returns ``CalibrationData`` with ``len(prompts) / prompts_per_batch * num_inference_steps`` records
+    (for schedulers that evaluate the U-Net once per step).
+    """
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("calibrate needs at least one prompt")
+    if num_inference_steps < 1:
+        raise ValueError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
+    if prompts_per_batch < 1:
+        raise ValueError(f"prompts_per_batch must be >= 1, got {prompts_per_batch}")
+    unet = getattr(pipe, "unet", None)
+    if not isinstance(unet, torch.nn.Module):
+        raise TypeError(f"calibrate needs a diffusers pipeline with a .unet, got {type(pipe).__name__}")
+    signature = unet_signature(unet)
+    gen_device = "cpu"
+    with UNetInputRecorder(unet) as recorder, torch.no_grad():
+        for start in range(0, len(prompts), prompts_per_batch):
+            chunk = prompts[start : start + prompts_per_batch]
+            generator = torch.Generator(gen_device).manual_seed(seed + start)
+            kwargs = dict(
+                prompt=chunk,
+                num_inference_steps=num_inference_steps,
+                guidance_scale=guidance_scale,
+                generator=generator,
+                output_type="latent",
+            )
+            if negative_prompt is not None:
+                kwargs["negative_prompt"] = [negative_prompt] * len(chunk)
+            if height is not None:
+                kwargs["height"] = height
+            if width is not None:
+                kwargs["width"] = width
+            kwargs.update(pipe_kwargs)
+            pipe(**kwargs)
+    meta = {
+        "num_prompts": len(prompts),
+        "num_inference_steps": num_inference_steps,
+        "guidance_scale": guidance_scale,
+        "prompts_per_batch": prompts_per_batch,
+        "seed": seed,
+        "scheduler": type(pipe.scheduler).__name__,
+        "input_names": list(signature.input_names),
+    }
+    return CalibrationData(recorder.records, meta)
+
+
+def synthetic_inputs(
+    unet, num: int = 4, batch: int = 2, height=None, width=None, seed: int = 0
+) -> CalibrationData:
+    """Random inputs spread over timesteps, for quality checks when no calibration data is given.
+
+    Latents are unit Gaussians (what the sampler feeds at high noise), text embeddings
+    unit Gaussians; real recorded inputs are always preferable.
+    """
+    sig = unet_signature(unet)
+    h = height or sig.sample_size
+    w = width or sig.sample_size
+    gen = torch.Generator().manual_seed(seed)
+    records = []
+    for i in range(num):
+        r = sig.example_inputs(batch, h, w, generator=gen)
+        r["timestep"] = torch.full((batch,), float(round(999 * (i + 0.5) / num)))
+        records.append(r)
+    return CalibrationData(records, {"synthetic": True, "input_names": list(sig.input_names)})

@@ -1,0 +1,170 @@
+"""``EngineUNet``: an ``nn.Module`` that stands in for ``pipe.unet`` and runs a compiled engine."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+from .export import FLOAT32_INPUTS, UNetSignature
+
+_UNSUPPORTED = (
+    "class_labels",
+    "attention_mask",
+    "encoder_attention_mask",
+    "down_block_additional_residuals",
+    "mid_block_additional_residual",
+    "down_intrablock_additional_residuals",
+)
+
+
+def _timestep_batch(timestep, batch: int) -> torch.Tensor:
+    """int, float, 0-d or 1-d tensor -> float32 tensor of shape (batch,)."""
+    if isinstance(timestep, bool) or not isinstance(timestep, (int, float, torch.Tensor)):
+        raise TypeError(f"timestep must be an int, float or tensor, got {type(timestep).__name__}")
+    t = torch.as_tensor(timestep).detach().to("cpu", torch.float32)
+    if t.ndim == 0 or t.numel() == 1:
+        return t.reshape(1).expand(batch)
+    if t.ndim != 1 or t.shape[0] != batch:
+        raise ValueError(f"timestep must be a scalar or have shape ({batch},), got shape {tuple(t.shape)}")
+    return t
+
+
+class EngineUNet(nn.Module):
+    """Drop-in replacement for a diffusers ``UNet2DConditionModel`` backed by an ONNX Runtime or TensorRT engine.
+
+    Keeps the U-Net call signature, ``config``, ``dtype``, ``device`` and the attributes
+    the Stable Diffusion / SDXL pipelines read. The original U-Net is kept (not as a
+    submodule) in ``fastdiff_original_unet`` so ``fastdiff.restore(pipe)`` can put it back.
+
+    Attributes:
+        quality: agreement with the PyTorch U-Net on held-back inputs (snr_db, cosine, ...).
+        backend, precision: what the engine runs.
+        cache_hit: whether the engine came from the on-disk cache.
+        artifact: path of the engine file (ONNX model or TensorRT plan).
+    """
+
+    def __init__(
+        self,
+        runner,
+        unet: nn.Module,
+        signature: UNetSignature,
+        *,
+        backend: str,
+        precision: str,
+        quality: dict | None = None,
+        cache_hit: bool = False,
+        artifact=None,
+        build_info: dict | None = None,
+    ):
+        super().__init__()
+        self.runner = runner
+        self.signature = signature
+        self.config = unet.config
+        self.backend = backend
+        self.precision = precision
+        self.quality = dict(quality or {})
+        self.cache_hit = cache_hit
+        self.artifact = artifact
+        self.build_info = dict(build_info or {})
+        self._dtype = unet.dtype
+        self._device = unet.device
+        # Attributes pipelines read from pipe.unet (shapes only; no weights are kept here).
+        add = getattr(unet, "add_embedding", None)
+        if add is not None and hasattr(add, "linear_1"):
+            lin = add.linear_1
+            self.add_embedding = types.SimpleNamespace(
+                linear_1=types.SimpleNamespace(in_features=lin.in_features, out_features=lin.out_features)
+            )
+        else:
+            self.add_embedding = None
+        self.encoder_hid_proj = None
+        object.__setattr__(self, "fastdiff_original_unet", unet)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def restore_target(self) -> nn.Module:
+        """The PyTorch U-Net this engine replaced."""
+        return self.fastdiff_original_unet
+
+    def to(self, *args, **kwargs):
+        # The engine is bound to its backend's device; pipe.to(...) must not fail on it.
+        return self
+
+    def forward(
+        self,
+        sample: torch.Tensor,
+        timestep,
+        encoder_hidden_states: torch.Tensor,
+        class_labels=None,
+        timestep_cond: torch.Tensor | None = None,
+        attention_mask=None,
+        cross_attention_kwargs: dict | None = None,
+        added_cond_kwargs: dict | None = None,
+        down_block_additional_residuals=None,
+        mid_block_additional_residual=None,
+        down_intrablock_additional_residuals=None,
+        encoder_attention_mask=None,
+        return_dict: bool = True,
+    ):
+        local = locals()
+        given = [name for name in _UNSUPPORTED if local[name] is not None]
+        if given:
+            raise NotImplementedError(
+                f"the {self.backend} engine was compiled without {given} inputs (ControlNet/T2I-Adapter residuals, "
+                "masks, class labels); run these with the PyTorch U-Net (fastdiff.restore(pipe))"
+            )
+        if cross_attention_kwargs and cross_attention_kwargs.get("scale", 1.0) != 1.0:
+            raise NotImplementedError(
+                "a LoRA scale cannot change inside a compiled engine: fuse the LoRA with the wanted scale, then compile"
+            )
+        sig = self.signature
+        if not isinstance(sample, torch.Tensor) or sample.ndim != 4 or sample.shape[1] != sig.in_channels:
+            got = tuple(sample.shape) if isinstance(sample, torch.Tensor) else type(sample).__name__
+            raise ValueError(f"sample must be a (batch, {sig.in_channels}, height, width) tensor, got {got}")
+        batch = sample.shape[0]
+        if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[0] != batch:
+            raise ValueError(
+                f"encoder_hidden_states must have shape ({batch}, tokens, {sig.cross_attention_dim}), "
+                f"got {tuple(encoder_hidden_states.shape)}"
+            )
+        inputs = {
+            "sample": sample,
+            "timestep": _timestep_batch(timestep, batch),
+            "encoder_hidden_states": encoder_hidden_states,
+        }
+        if sig.time_cond_dim is not None:
+            if timestep_cond is None:
+                raise ValueError("this U-Net needs timestep_cond (time_cond_proj_dim is set)")
+            inputs["timestep_cond"] = timestep_cond
+        if sig.is_sdxl:
+            if (
+                not added_cond_kwargs
+                or "text_embeds" not in added_cond_kwargs
+                or "time_ids" not in added_cond_kwargs
+            ):
+                raise ValueError("this SDXL U-Net needs added_cond_kwargs with 'text_embeds' and 'time_ids'")
+            inputs["text_embeds"] = added_cond_kwargs["text_embeds"]
+            time_ids = added_cond_kwargs["time_ids"]
+            inputs["time_ids"] = time_ids.expand(batch, -1) if time_ids.shape[0] == 1 else time_ids
+        for name, value in inputs.items():
+            if name not in FLOAT32_INPUTS and value.shape[0] != batch:
+                raise ValueError(f"{name} has batch {value.shape[0]}, sample has {batch}")
+        out = self.runner(inputs).to(device=sample.device, dtype=sample.dtype)
+        if not return_dict:
+            return (out,)
+        from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
+
+        return UNet2DConditionOutput(sample=out)
+
+    def extra_repr(self) -> str:
+        q = self.quality
+        snr = f", snr_db={q['snr_db']:.1f}" if "snr_db" in q else ""
+        return f"backend={self.backend}, precision={self.precision}, cache_hit={self.cache_hit}{snr}"

@@ -1,0 +1,331 @@
+"""Post-training INT8 quantisation of an exported U-Net into an explicit Q/DQ ONNX graph.
+
+The heavy lifting (activation calibration, inserting QuantizeLinear/DequantizeLinear
+pairs, per-channel weight scales) is ``onnxruntime.quantization.quantize_static``;
+this module decides *what* to quantise.
+
+Every weighted layer of the exported graph is classified from its node name
+(TorchScript export names nodes after module paths, e.g.
+``/down_blocks.0/attentions.0/transformer_blocks.0/ff/net.2/MatMul``):
+
+==============  ===========================================================
+category        layers
+==============  ===========================================================
+conv            resnet conv1/conv2, down/upsampler convs
+shortcut        resnet 1x1 ``conv_shortcut``
+ffn             transformer feed-forward (GEGLU projection and output)
+qkv             attention ``to_q``/``to_k``/``to_v``
+attn_out        attention ``to_out``
+proj            transformer ``proj_in``/``proj_out`` (1x1 conv or linear)
+time_embedding  timestep / SDXL added-cond embeddings and per-resnet ``time_emb_proj``
+conv_in         first conv (4 latent channels in)
+conv_out        last conv (4 channels out)
+attention       activation x activation MatMuls (QK^T, PV): never weight-quantised
+==============  ===========================================================
+
+``level`` picks categories; ``exclude`` regexes then remove nodes by name. The
+defaults follow NVIDIA Model Optimizer's diffusion recipe: time embedding,
+conv_in, conv_out, norms (not a quantisable op here) and attention matmuls and
+softmax stay in float. Which level is best on a given CPU is a measurement:
+see :func:`layer_sensitivity` and ``benchmarks/engines.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .calibration import CalibrationData
+
+LEVELS: dict[str, frozenset[str]] = {
+    "conv": frozenset({"conv"}),
+    "conv+ffn": frozenset({"conv", "ffn"}),
+    "conv+ffn+qkv": frozenset({"conv", "ffn", "qkv", "attn_out", "proj"}),
+    "all": frozenset(
+        {"conv", "ffn", "qkv", "attn_out", "proj", "shortcut", "time_embedding", "conv_in", "conv_out"}
+    ),
+}
+# Regexes over node names; the float islands of the Model Optimizer recipe.
+DEFAULT_EXCLUDE: tuple[str, ...] = (
+    r"time_embedding/",
+    r"add_embedding/",
+    r"time_emb_proj/",
+    r"^/(unet/)?conv_in/",
+    r"^/(unet/)?conv_out/",
+)
+METHODS = ("percentile", "entropy", "minmax")
+_QUANTISABLE_OPS = ("Conv", "MatMul", "Gemm")
+
+_CATEGORY_PATTERNS = (
+    ("time_embedding", re.compile(r"time_embedding/|add_embedding/|time_emb_proj/|add_time_proj/")),
+    ("conv_in", re.compile(r"(^|/)conv_in/")),
+    ("conv_out", re.compile(r"(^|/)conv_out/")),
+    ("shortcut", re.compile(r"conv_shortcut/")),
+    ("proj", re.compile(r"/proj_(in|out)/")),
+    ("qkv", re.compile(r"/to_(q|k|v)/")),
+    ("attn_out", re.compile(r"/to_out")),
+    ("ffn", re.compile(r"/ff/")),
+)
+
+
+def classify_node(node, weight_names: set[str]) -> str | None:
+    """Category of a Conv/MatMul/Gemm node (see module doc), or None for other ops.
+
+    ``weight_names``: tensors that hold constant weights (see :func:`_weight_names`).
+    """
+    if node.op_type not in _QUANTISABLE_OPS:
+        return None
+    has_weight = len(node.input) > 1 and node.input[1] in weight_names
+    if not has_weight:
+        return "attention"  # activation x activation: QK^T and PV
+    for category, pattern in _CATEGORY_PATTERNS:
+        if pattern.search(node.name):
+            return category
+    return "conv" if node.op_type == "Conv" else "linear"
+
+
+def _load_graph(model_or_path):
+    import onnx
+
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return onnx.load(str(model_or_path), load_external_data=False)
+    return model_or_path
+
+
+def _weight_names(model) -> set[str]:
+    """Initializers, plus outputs of DequantizeLinear nodes applied to initializers (quantised weights)."""
+    names = {i.name for i in model.graph.initializer}
+    names |= {
+        n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in names
+    }
+    return names
+
+
+def classify_nodes(model_or_path) -> dict[str, str]:
+    """node name -> category for every Conv/MatMul/Gemm in the graph (float or Q/DQ)."""
+    model = _load_graph(model_or_path)
+    weights = _weight_names(model)
+    out = {}
+    for node in model.graph.node:
+        cat = classify_node(node, weights)
+        if cat is not None:
+            out[node.name] = cat
+    return out
+
+
+def select_nodes(
+    model_or_path, level: str = "conv+ffn+qkv", exclude: Iterable[str] = DEFAULT_EXCLUDE
+) -> list[str]:
+    """Names of the nodes to quantise for ``level`` minus those matching any ``exclude`` regex."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown quantisation level {level!r}; valid: {list(LEVELS)}")
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    patterns = [re.compile(p) for p in exclude]
+    return [
+        name
+        for name, cat in classify_nodes(model_or_path).items()
+        if cat in LEVELS[level] and not any(p.search(name) for p in patterns)
+    ]
+
+
+class _Reader:
+    """onnxruntime ``CalibrationDataReader`` over recorded U-Net inputs (built lazily: ORT is optional)."""
+
+    def __new__(cls, calibration: CalibrationData, input_names: Sequence[str]):
+        from onnxruntime.quantization import CalibrationDataReader
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self._records = list(calibration.records)
+                self._iter = calibration.numpy_records(input_names)
+
+            def get_next(self):
+                return next(self._iter, None)
+
+            def __len__(self):
+                return len(self._records)
+
+        return Reader()
+
+
+def _graph_input_names(path) -> list[str]:
+    model = _load_graph(path)
+    inits = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def _has_external_data(path: Path) -> bool:
+    return path.with_name(path.name + ".data").exists()
+
+
+def preprocess(onnx_path: str | os.PathLike, out_path: str | os.PathLike) -> Path:
+    """ONNX Runtime's recommended pre-quantisation step (shape inference + graph cleanup)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    onnx_path, out_path = Path(onnx_path), Path(out_path)
+    external = _has_external_data(onnx_path)
+    with contextlib.redirect_stdout(io.StringIO()):
+        quant_pre_process(
+            str(onnx_path),
+            str(out_path),
+            skip_symbolic_shape=True,  # symbolic shape inference chokes on dynamic spatial axes here
+            save_as_external_data=external,
+            all_tensors_to_one_file=True,
+            external_data_location=out_path.name + ".data",
+        )
+    return out_path
+
+
+def quantize(
+    onnx_path: str | os.PathLike,
+    calibration: CalibrationData,
+    *,
+    level: str = "conv+ffn+qkv",
+    method: str = "percentile",
+    exclude: Iterable[str] = DEFAULT_EXCLUDE,
+    out_path: str | os.PathLike | None = None,
+    percentile: float = 99.999,
+    per_channel: bool = True,
+    activation_type: str = "uint8",
+    weight_type: str = "int8",
+    reduce_range: bool = False,
+    max_calibration_records: int | None = 64,
+    calibration_cache: str | os.PathLike | None = None,
+    nodes: Sequence[str] | None = None,
+    quantize_outputs: bool = True,
+) -> Path:
+    """Write an INT8 Q/DQ copy of ``onnx_path`` calibrated on recorded U-Net inputs.
+
+    Args:
+        onnx_path: a float32 graph from :func:`export_onnx`.
+        calibration: recorded inputs (see :func:`calibrate`); subsampled evenly over
+            timesteps to ``max_calibration_records``.
+        level: which layer categories to quantise: one of ``LEVELS``.
+        method: activation range calibrator: "percentile" (Model Optimizer's choice),
+            "entropy" (KL) or "minmax".
+        exclude: node-name regexes kept in float on top of the level's choice.
+        out_path: default ``<stem>.int8-<level>-<method>.onnx`` next to the input.
+        per_channel: per-output-channel weight scales (recommended; TensorRT supports them).
+        activation_type / weight_type: "uint8" or "int8". U8 activations x S8 weights is the
+            VNNI fast path on x86; TensorRT wants S8 for both (symmetric).
+        reduce_range: 7-bit weights, for CPUs without VNNI where U8S8 products can saturate.
+        calibration_cache: JSON file of activation ranges; reused when present (ranges do not
+            depend on ``level``/``exclude``, so sweeps calibrate only once).
+        nodes: explicit node names to quantise (overrides ``level`` and ``exclude``).
+        quantize_outputs: also put Q/DQ on each quantised layer's output. ONNX Runtime's CPU
+            kernels need it to fuse Conv into QLinearConv (without it a Conv runs in float on
+            dequantised weights); leaving outputs float costs less accuracy.
+
+    Returns the path of the quantised model.
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    methods = {
+        "percentile": CalibrationMethod.Percentile,
+        "entropy": CalibrationMethod.Entropy,
+        "minmax": CalibrationMethod.MinMax,
+    }
+    if method not in methods:
+        raise ValueError(f"unknown calibration method {method!r}; valid: {list(methods)}")
+    qtypes = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
+    for what, value in (("activation_type", activation_type), ("weight_type", weight_type)):
+        if value not in qtypes:
+            raise ValueError(f"{what} must be one of {list(qtypes)}, got {value!r}")
+    if not isinstance(calibration, CalibrationData) or len(calibration) == 0:
+        raise ValueError("quantize needs non-empty CalibrationData (see fastdiff.engines.calibrate)")
+    if not 0 < percentile <= 100:
+        raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise FileNotFoundError(f"no ONNX model at {onnx_path}")
+    if out_path is None:
+        out_path = onnx_path.with_name(f"{onnx_path.stem}.int8-{level.replace('+', '-')}-{method}.onnx")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    external = _has_external_data(onnx_path)
+    if max_calibration_records is not None:
+        calibration = calibration.subset(max_calibration_records)
+
+    with tempfile.TemporaryDirectory(prefix="fastdiff-quant-") as tmp:
+        pre = preprocess(onnx_path, Path(tmp) / "pre.onnx")
+        chosen = list(nodes) if nodes is not None else select_nodes(pre, level, exclude)
+        if not chosen:
+            raise ValueError(f"level={level!r} with exclude={list(exclude)} selects no node to quantise")
+        extra = {
+            # Asymmetric uint8 activations use the full range for post-SiLU / post-GELU inputs.
+            "ActivationSymmetric": activation_type == "int8",
+            "WeightSymmetric": True,
+            "CalibTensorRangeSymmetric": activation_type == "int8",
+            "CalibPercentile": percentile,
+            "CalibMaxIntermediateOutputs": 8,
+        }
+        if not quantize_outputs:
+            extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
+        with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
+            quantize_static(
+                str(pre),
+                str(out_path),
+                calibration_data_reader=_Reader(calibration, _graph_input_names(pre)),
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=list(_QUANTISABLE_OPS),
+                nodes_to_quantize=chosen,
+                per_channel=per_channel,
+                reduce_range=reduce_range,
+                activation_type=qtypes[activation_type],
+                weight_type=qtypes[weight_type],
+                calibrate_method=methods[method],
+                use_external_data_format=external,
+                extra_options=extra,
+                calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
+            )
+    return out_path
+
+
+def qdq_summary(model_or_path) -> dict:
+    """Counts of Q/DQ nodes and of quantised vs float weighted layers per category."""
+    model = _load_graph(model_or_path)
+    ops = Counter(n.op_type for n in model.graph.node)
+    quantised_names = quantised_node_names(model)
+    quantised, floating = Counter(), Counter()
+    for name, cat in classify_nodes(model).items():
+        (quantised if name in quantised_names else floating)[cat] += 1
+    return {
+        "QuantizeLinear": ops.get("QuantizeLinear", 0),
+        "DequantizeLinear": ops.get("DequantizeLinear", 0),
+        "quantised": dict(quantised),
+        "float": dict(floating),
+    }
+
+
+def quantised_node_names(model_or_path) -> set[str]:
+    """Names of Conv/MatMul/Gemm nodes that compute in int8.
+
+    A weighted layer counts when its weight comes through a DequantizeLinear; an
+    activation x activation MatMul when both operands do. (A float layer may still
+    read a DequantizeLinear output on its activation input when it shares that
+    tensor with a quantised neighbour.)
+    """
+    model = _load_graph(model_or_path)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name for i in model.graph.initializer}
+
+    def from_dq(tensor: str) -> bool:
+        src = producers.get(tensor)
+        return src is not None and src.op_type == "DequantizeLinear"
+
+    out = set()
+    for node in model.graph.node:
+        if node.op_type not in _QUANTISABLE_OPS or len(node.input) < 2:
+            continue
+        weight_src = producers.get(node.input[1])
+        is_weighted = node.input[1] in inits or (weight_src is not None and weight_src.input[0] in inits)
+        if (from_dq(node.input[1]) and from_dq(node.input[0])) if not is_weighted else from_dq(node.input[1]):
+            out.add(node.name)
+    return out
