@@ -27,7 +27,7 @@ from fastdiff.dynamic.auto_steps import AutoSteps
 from fastdiff.dynamic.controllers import EarlyStop
 from fastdiff.dynamic.draft import renoise
 from fastdiff.dynamic.guidance import GuidedUNet
-from fastdiff.dynamic.loop import SampleState, resume, sample
+from fastdiff.dynamic.loop import SampleResult, SampleState, resume, sample
 from fastdiff.dynamic.presets import default_scheduler, resolve_steps
 
 __all__ = ["FastdiffRecord", "RefineState", "FastdiffPipelineMixin"]
@@ -42,6 +42,7 @@ class FastdiffRecord:
     reason: why this many steps (fixed, preset, auto table row, early stop, draft).
     timings: seconds for "prepare" (prompt encoding etc.), "draft", "denoise", "decode", "total".
     state: for ``preview_steps``, the resumable state to pass to ``pipe.refine``.
+    trace: the sampling loop's per-step records (see :meth:`trace_table`).
     """
 
     mode: str
@@ -54,6 +55,11 @@ class FastdiffRecord:
     nfe_per_sample: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     state: RefineState | None = None
+    trace: list = field(default_factory=list, repr=False)  # fastdiff.dynamic.StepRecord per tick
+
+    def trace_table(self) -> dict[str, torch.Tensor]:
+        """Per-step, per-image ``t``, ``sigma``, ``x0_change``, ``active`` and ``nfe`` as tensors."""
+        return SampleResult.trace_table(self)
 
 
 @dataclass
@@ -293,6 +299,7 @@ class FastdiffPipelineMixin:
         record.num_steps = result.num_steps
         record.stopped_early = result.stopped_early
         record.notes = [n for n in result.notes]
+        record.trace = result.trace
         if any(record.notes):
             record.reason = record.reason + " | " + " | ".join(dict.fromkeys(n for n in record.notes if n))
         if result.state is not None:
@@ -340,7 +347,9 @@ class FastdiffPipelineMixin:
         self._progress_bar_config = {**(bar_config or {}), "disable": True}  # the aborted loop's bar is noise
         try:
             with self._fastdiff_swapped_scheduler(scheduler), torch.no_grad():
-                super().__call__(*args, num_inference_steps=num_inference_steps, output_type="latent", **kwargs)
+                super().__call__(
+                    *args, num_inference_steps=num_inference_steps, output_type="latent", **kwargs
+                )
         except _Captured:
             pass
         finally:
