@@ -155,7 +155,8 @@ class SolverState:
                 return 0.5 * (x + denoised), denoised
             return denoised, denoised
 
-        order = self.step_order(i)
+        # warm-up counts the steps actually taken (img2img starts part-way through the schedule)
+        order = min(self.step_order(i), len(self.denoised_hist))
         if name == "ddim":
             noise = noise_fn() if self.eta > 0 else None
             x_next = ddim_update(x, denoised, sigma, sigma_next, self.eta, noise)

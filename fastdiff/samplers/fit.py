@@ -5,15 +5,16 @@ against a reference solution of the same sampler run with many steps, on a few c
 latents -- in the spirit of "Align Your Steps" (Sabour et al. 2024), which optimises a schedule
 per model and sampler, but with a direct objective: the final-sample RMS error.
 
-Parameterisation: the interior knots ``log sigma_1 > ... > log sigma_{N-1}`` between the fixed
-end points ``sigma_max`` and ``sigma_min`` of the training schedule (``sigma_N = 0``).  Starting
-from Karras' schedule, cyclic coordinate descent moves one knot at a time by a shrinking step
-in log-sigma, keeping a move only if the calibration error drops (a derivative-free descent
-that needs only sampler runs, so it works for any black-box model).
+Parameterisation: the ``N - 1`` gaps in ``log sigma`` between the fixed end points ``sigma_max``
+and ``sigma_min`` of the training schedule (``sigma_N = 0``), as a softmax of free logits, so
+every candidate is a valid decreasing schedule.  Starting from Karras' schedule, Powell's
+derivative-free method (scipy) minimises the calibration error; it needs only sampler runs, so it
+works for any black-box model.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -45,12 +46,15 @@ def run_scheduler(
     else:
         scheduler.set_timesteps(scheduler.num_inference_steps)
     x = latents * scheduler.init_noise_sigma
+    # as diffusers pipelines do: pass the generator only to schedulers whose step() takes one
+    extra = {"generator": generator} if "generator" in inspect.signature(scheduler.step).parameters else {}
     for i, t in enumerate(scheduler.timesteps):
         out = model_fn(scheduler.scale_model_input(x, t), t)
-        res = scheduler.step(out, t, x, generator=generator)
+        res = scheduler.step(out, t, x, **extra)
         x = res.prev_sample
         if callback is not None:
-            callback(i, x, res.pred_original_sample)
+            x0 = getattr(res, "pred_original_sample", None)
+            callback(i, x, x0 if x0 is not None else getattr(res, "denoised", None))
     return x
 
 
@@ -58,6 +62,15 @@ def _rms_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """Median over samples of the per-sample RMS difference."""
     d = (a.double() - b.double()).flatten(1)
     return float(d.pow(2).mean(1).sqrt().median())
+
+
+def _run_on_sigmas(model_fn, latents, scheduler, sigmas) -> torch.Tensor:
+    scheduler.set_timesteps(sigmas=sigmas)
+    scheduler.set_begin_index(0)
+    x = latents * scheduler.init_noise_sigma
+    for t in scheduler.timesteps:
+        x = scheduler.step(model_fn(x, t), t, x).prev_sample
+    return x
 
 
 def fit_schedule(
@@ -69,8 +82,7 @@ def fit_schedule(
     *,
     reference: torch.Tensor | None = None,
     reference_steps: int = 200,
-    sweeps: int = 4,
-    initial_step: float = 0.3,
+    max_evals: int = 400,
     verbose: bool = False,
     **options,
 ) -> list[float]:
@@ -84,52 +96,73 @@ def fit_schedule(
         name, like, **options: the sampler as for :func:`make_scheduler` (``schedule`` is set here).
         reference: target final samples for ``latents``; default: the same sampler with
             ``reference_steps`` Karras steps (the "high-NFE run of the same sampler").
-        sweeps: coordinate-descent sweeps over the knots; the step halves after each sweep.
+        max_evals: budget of sampler runs for the optimiser.
 
     Returns:
         ``nfe + 1`` VE sigmas (last 0) for ``make_scheduler(name, like=..., schedule=sigmas)``;
         save them with :func:`save_schedule`.
+
+    The objective is the geometric mean over calibration samples of the per-sample RMS error
+    (smooth, and robust to the rare sample that changes mode); the returned schedule is the best
+    by median error among the starts and the optimised candidates.  The ``nfe - 1`` gaps in ``log sigma`` between the fixed
+    end points ``sigma_max`` and ``sigma_min`` are parameterised as a softmax of free logits,
+    which keeps every candidate schedule strictly decreasing, and optimised with Powell's
+    derivative-free method (scipy) starting from Karras' schedule.
     """
+    from scipy.optimize import minimize
+
     from .scheduler import make_scheduler
 
-    if not isinstance(nfe, int) or nfe < 2:
+    if isinstance(nfe, bool) or not isinstance(nfe, int) or nfe < 2:
         raise ValueError(f"nfe must be an int >= 2 (the end points are fixed), got {nfe!r}")
     if "schedule" in options:
         raise ValueError("fit_schedule sets `schedule` itself; do not pass it")
-    base = make_scheduler(name, like=like, **options)
-    ns = base.noise_schedule
+    sched = make_scheduler(name, like=like, **options)
+    ns = sched.noise_schedule
     if reference is None:
-        ref_sched = make_scheduler(name, like=like, schedule="karras", **options)
+        ref_sched = make_scheduler(name, like=like, **{**options, "schedule": "karras"})
         reference = run_scheduler(model_fn, latents, ref_sched, reference_steps)
 
     log_hi, log_lo = math.log(ns.sigma_max), math.log(ns.sigma_min)
 
-    def error(knots: np.ndarray) -> float:
-        sig = np.exp(np.concatenate([[log_hi], knots, [log_lo]]))
-        sched = make_scheduler(name, like=like, schedule=[*sig.tolist(), 0.0], **options)
-        return _rms_error(run_scheduler(model_fn, latents, sched), reference)
+    def sigmas_of(logits: np.ndarray) -> list[float]:
+        w = np.exp(logits - logits.max())
+        gaps = (log_hi - log_lo) * w / w.sum()
+        log_s = log_hi - np.concatenate([[0.0], np.cumsum(gaps)])
+        log_s[-1] = log_lo
+        return [*np.exp(log_s).tolist(), 0.0]
 
-    knots = np.log(karras_sigmas(nfe, ns.sigma_min, ns.sigma_max))[1:-1]
-    best = error(knots)
-    step = initial_step
-    for sweep in range(sweeps):
-        for j in range(len(knots)):
-            for direction in (1.0, -1.0):
-                trial = knots.copy()
-                trial[j] += direction * step
-                upper = log_hi if j == 0 else knots[j - 1]
-                lower = log_lo if j == len(knots) - 1 else knots[j + 1]
-                margin = 1e-3
-                if not (lower + margin < trial[j] < upper - margin):
-                    continue
-                e = error(trial)
-                if e < best:
-                    best, knots = e, trial
-                    break
-        if verbose:
-            print(f"fit_schedule sweep {sweep}: error {best:.3e}")
-        step *= 0.5
-    return [*np.exp(np.concatenate([[log_hi], knots, [log_lo]])).tolist(), 0.0]
+    def per_sample(logits: np.ndarray) -> torch.Tensor | None:
+        try:
+            out = _run_on_sigmas(model_fn, latents, sched, sigmas_of(logits))
+        except ValueError:  # sigmas so close that their timesteps coincide: reject
+            return None
+        return (out.double() - reference.double()).flatten(1).pow(2).mean(1).sqrt()
+
+    def objective(logits: np.ndarray) -> float:
+        # geometric mean of the per-sample RMS errors: smooth, and robust to rare mode changes
+        e = per_sample(logits)
+        return float("inf") if e is None else float(e.clamp_min(1e-12).log().mean())
+
+    def median(logits: np.ndarray) -> float:
+        e = per_sample(logits)
+        return float("inf") if e is None else float(e.median())
+
+    starts = [
+        np.log(np.diff(-np.log(karras_sigmas(nfe, ns.sigma_min, ns.sigma_max)))),
+        np.zeros(nfe - 1),  # uniform in log sigma (exponential schedule)
+    ]
+    candidates = list(starts)
+    for x0 in starts:
+        res = minimize(
+            objective, x0, method="Powell", options={"maxfev": max_evals // len(starts), "xtol": 1e-3}
+        )
+        candidates.append(res.x)
+    scores = [median(c) for c in candidates]
+    best = candidates[int(np.argmin(scores))]
+    if verbose:
+        print(f"fit_schedule({name}, nfe={nfe}): karras {scores[0]:.3e} -> fitted {min(scores):.3e}")
+    return sigmas_of(best)
 
 
 def save_schedule(path: str | os.PathLike, sigmas, **metadata) -> None:

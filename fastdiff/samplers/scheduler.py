@@ -193,6 +193,11 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
         self.num_inference_steps = len(ts)
         integral = np.all(ts == np.round(ts))
         t = torch.from_numpy(np.round(ts).astype(np.int64) if integral else ts.astype(np.float32))
+        if cfg.fractional_timesteps and len(torch.unique(t)) != len(t):
+            raise ValueError(
+                "schedule has noise levels so close that their float32 timesteps coincide; "
+                f"timesteps: {t.tolist()}"
+            )
         self.timesteps = t.to(device)
         self._sig64 = [float(s) for s in sig]
         self.sigmas = torch.tensor(self._sig64, dtype=torch.float32)
