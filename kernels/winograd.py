@@ -315,16 +315,30 @@ _TL_DTYPES = {}
 if HAS_TRITON:
     _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
+    # On a GPU the block shape is tuned once per (C, K, H, W): 16 fp32 accumulators of BLOCK_P x BLOCK_K and
+    # 16 transformed input tiles of BLOCK_P x BLOCK_C share the register file, so the space stays small.
+    _winograd_f2x3_autotuned = triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_P": bp, "BLOCK_K": bk, "BLOCK_C": bc}, num_warps=w, num_stages=s)
+            for bp, bk, bc, w, s in [
+                (32, 32, 16, 4, 2),
+                (64, 32, 16, 4, 2),
+                (32, 64, 16, 4, 2),
+                (64, 64, 16, 8, 2),
+                (32, 32, 32, 4, 2),
+                (16, 64, 32, 4, 2),
+            ]
+        ],
+        key=["C", "K", "H", "W"],
+    )(_winograd_f2x3_kernel)
+
 
 def _block_sizes(c: int, k: int, tiles: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_P, BLOCK_K, BLOCK_C, num_warps). 16 fp32 accumulators of BLOCK_P x BLOCK_K live in registers,
     so blocks stay small; tl.dot needs every dimension >= 16."""
     if device.type != "cuda":  # interpreter: fewer, larger programs run faster
         return 16, 32 if k > 16 else 16, 32 if c > 16 else 16, 4
-    block_k = 64 if k >= 64 else (32 if k > 16 else 16)
-    block_p = 32 if tiles >= 32 else 16
-    block_c = 32 if c >= 32 else 16
-    return block_p, block_k, block_c, 4
+    return 32, 32 if k > 16 else 16, 16, 4
 
 
 def winograd_conv2d_triton(
@@ -359,17 +373,26 @@ def winograd_conv2d_triton(
         fmt = torch.channels_last if (x.stride(1) == 1 and c > 1) else torch.contiguous_format
         out = torch.empty((n, k, h, w), device=x.device, dtype=x.dtype, memory_format=fmt)
     u = u.to(x.dtype).contiguous()
-    bp, bk, bc, warps = block_sizes or _block_sizes(c, k, n * th * tw, x.device)
-    emulate_bf16 = x.dtype == torch.bfloat16 and interpreting()
     dummy = u  # never dereferenced when the matching flag is off
-    grid = (triton.cdiv(n * th * tw, bp), triton.cdiv(k, bk))
-    _winograd_f2x3_kernel[grid](
+    args = (
         x, u, bias if bias is not None else dummy, out,
         norm_scale.contiguous() if fuse else dummy, norm_shift.contiguous() if fuse else dummy,
         n, c, h, w, k, th, tw,
         *x.stride(), *out.stride(),
-        HAS_BIAS=bias is not None, FUSE_NORM=fuse,
-        DOT_DTYPE=_TL_DTYPES[x.dtype], IEEE=x.dtype == torch.float32, EMULATE_BF16=emulate_bf16,
-        BLOCK_P=bp, BLOCK_K=bk, BLOCK_C=bc, num_warps=warps,
     )  # fmt: skip
+    flags = dict(
+        HAS_BIAS=bias is not None,
+        FUSE_NORM=fuse,
+        DOT_DTYPE=_TL_DTYPES[x.dtype],
+        IEEE=x.dtype == torch.float32,
+        EMULATE_BF16=x.dtype == torch.bfloat16 and interpreting(),
+    )
+    tiles = n * th * tw
+    if block_sizes is None and x.device.type == "cuda" and not interpreting():
+        grid = lambda meta: (triton.cdiv(tiles, meta["BLOCK_P"]), triton.cdiv(k, meta["BLOCK_K"]))
+        _winograd_f2x3_autotuned[grid](*args, **flags)
+        return out
+    bp, bk, bc, warps = block_sizes or _block_sizes(c, k, tiles, x.device)
+    grid = (triton.cdiv(tiles, bp), triton.cdiv(k, bk))
+    _winograd_f2x3_kernel[grid](*args, **flags, BLOCK_P=bp, BLOCK_K=bk, BLOCK_C=bc, num_warps=warps)
     return out
