@@ -18,7 +18,7 @@ from .compile import PRECISIONS, compile_engine, measure_quality
 from .export import FlatUNet, UNetSignature, export_onnx, unet_signature
 from .module import EngineUNet
 from .quality import QualityGateError, cosine_similarity, snr_db
-from .quantize import DEFAULT_EXCLUDE, LEVELS, classify_nodes, qdq_summary, quantize, select_nodes
+from .quantization import DEFAULT_EXCLUDE, LEVELS, classify_nodes, qdq_summary, quantize, select_nodes
 from .runtime_ort import OrtRunner
 from .runtime_trt import build_engine as build_tensorrt_engine
 from .runtime_trt import profile_shapes as tensorrt_profile_shapes

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from . import export as _export
-from . import quantize as _quantize
+from . import quantization as _quantize
 from .cache import EngineCache, library_versions, make_key, weights_fingerprint
 from .calibration import CalibrationData, synthetic_inputs
 from .module import EngineUNet

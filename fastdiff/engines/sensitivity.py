@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .calibration import CalibrationData
 from .quality import compare_outputs
-from .quantize import DEFAULT_EXCLUDE, classify_nodes, preprocess, quantize
+from .quantization import DEFAULT_EXCLUDE, classify_nodes, preprocess, quantize
 from .runtime_ort import OrtRunner
 
 _BLOCK = re.compile(r"/(down_blocks\.\d+|mid_block|up_blocks\.\d+)/")

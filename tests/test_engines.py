@@ -1,0 +1,468 @@
+"""Engines: ONNX export, calibration recording, Q/DQ quantisation, engine module, cache, quality gate, guards.
+
+Everything runs on CPU with ONNX Runtime on fastdiff's tiny random-weight pipelines.
+TensorRT cannot run here (no GPU, not installed): only its guard and profile shapes are tested.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+from diffusers import DDIMScheduler  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import fastdiff  # noqa: E402
+from fastdiff._compat import is_available  # noqa: E402
+from fastdiff.engines import (  # noqa: E402
+    CalibrationData,
+    EngineUNet,
+    OrtRunner,
+    QualityGateError,
+    calibrate,
+    classify_nodes,
+    compile_engine,
+    cosine_similarity,
+    export_onnx,
+    qdq_summary,
+    quantize,
+    select_nodes,
+    snr_db,
+    tensorrt_profile_shapes,
+    unet_signature,
+)
+from fastdiff.engines import export as export_mod  # noqa: E402
+from fastdiff.engines.quantization import quantised_node_names  # noqa: E402
+from fastdiff.testing import tiny_pipeline  # noqa: E402
+
+STEPS = 3
+PROMPTS = ["a red cat", "a blue dog", "a green circle", "a yellow square"]
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _eager(unet, inputs):
+    added = None
+    if "text_embeds" in inputs:
+        added = {"text_embeds": inputs["text_embeds"], "time_ids": inputs["time_ids"]}
+    with torch.no_grad():
+        return unet(
+            inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], added_cond_kwargs=added
+        ).sample
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    p = tiny_pipeline("sd15", size="tiny", seed=0)
+    p.scheduler = DDIMScheduler.from_config(p.scheduler.config)
+    return p
+
+
+@pytest.fixture(scope="module")
+def calib(pipe):
+    return calibrate(pipe, PROMPTS, num_inference_steps=STEPS, guidance_scale=7.5)
+
+
+@pytest.fixture(scope="module")
+def onnx_path(pipe, tmp_path_factory):
+    return export_onnx(pipe.unet, tmp_path_factory.mktemp("export") / "unet.onnx")
+
+
+@pytest.fixture(scope="module")
+def int8_conv(onnx_path, calib, tmp_path_factory):
+    return quantize(
+        onnx_path, calib, level="conv", method="minmax", out_path=tmp_path_factory.mktemp("q") / "conv.onnx"
+    )
+
+
+@pytest.fixture(scope="module")
+def fp32_cache(pipe, tmp_path_factory):
+    """A cache directory holding the tiny U-Net's fp32 engine (built once for the module)."""
+    root = tmp_path_factory.mktemp("cache")
+    compile_engine(pipe.unet, precision="fp32", cache_dir=root)
+    return root
+
+
+@pytest.fixture
+def cache_copy(fp32_cache, tmp_path):
+    """A private copy of the prebuilt cache, for tests that damage it."""
+    dst = tmp_path / "cache"
+    shutil.copytree(fp32_cache, dst)
+    return dst
+
+
+@pytest.fixture
+def count_exports(monkeypatch):
+    calls = []
+    real = export_mod.export_onnx
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export_mod, "export_onnx", counting)
+    return calls
+
+
+# ---------------------------------------------------------------- export
+
+
+def test_export_is_valid_and_matches_eager_on_other_shapes(pipe, onnx_path):
+    onnx.checker.check_model(str(onnx_path))
+    model = onnx.load(str(onnx_path))
+    assert [i.name for i in model.graph.input] == ["sample", "timestep", "encoder_hidden_states"]
+    runner = OrtRunner(onnx_path)
+    sig = unet_signature(pipe.unet)
+    torch.manual_seed(1)
+    # Dynamic axes: batch 3 and a non-square 24x16 latent, unlike the 2x16x16 tracing input.
+    inputs = sig.example_inputs(3, 24, 16)
+    inputs["timestep"] = torch.tensor([999.0, 500.5, 1.0])
+    out = runner(inputs)
+    ref = _eager(pipe.unet, inputs)
+    assert out.shape == ref.shape
+    assert _rel(out, ref) < 1e-4
+
+
+def test_export_sdxl_added_conditioning(tmp_path):
+    sdxl = tiny_pipeline("sdxl", size="tiny", seed=0)
+    sig = unet_signature(sdxl.unet)
+    assert sig.is_sdxl and sig.time_ids_dim == 6
+    path = export_onnx(sdxl.unet, tmp_path / "xl.onnx")
+    names = [i.name for i in onnx.load(str(path)).graph.input]
+    assert names == ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
+    torch.manual_seed(2)
+    inputs = sig.example_inputs(2, 16, 16)
+    assert _rel(OrtRunner(path)(inputs), _eager(sdxl.unet, inputs)) < 1e-4
+
+
+def test_export_external_data(pipe, tmp_path):
+    path = export_onnx(pipe.unet, tmp_path / "ext.onnx", external_data=True)
+    data = tmp_path / "ext.onnx.data"
+    assert data.is_file() and data.stat().st_size > path.stat().st_size
+    onnx.checker.check_model(str(path))
+    inputs = unet_signature(pipe.unet).example_inputs(2, 16, 16)
+    assert _rel(OrtRunner(path)(inputs), _eager(pipe.unet, inputs)) < 1e-4
+
+
+def test_export_bad_arguments(pipe, tmp_path):
+    with pytest.raises(ValueError, match="opset"):
+        export_onnx(pipe.unet, tmp_path / "a.onnx", opset=11)
+    with pytest.raises(ValueError, match="dynamic"):
+        export_onnx(pipe.unet, tmp_path / "a.onnx", dynamic=("batch", "time"))
+    with pytest.raises(ValueError, match="sample_shape"):
+        export_onnx(pipe.unet, tmp_path / "a.onnx", sample_shape=(2, 3, 16, 16))
+    with pytest.raises(TypeError, match="UNet2DConditionModel"):
+        export_onnx(torch.nn.Linear(2, 2), tmp_path / "a.onnx")
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_calibration_records_every_step_with_cfg_pairs(pipe, calib, tmp_path):
+    assert len(calib) == len(PROMPTS) * STEPS
+    pipe.scheduler.set_timesteps(STEPS)
+    expected = [float(t) for t in pipe.scheduler.timesteps] * len(PROMPTS)
+    assert calib.timesteps == expected
+    for r in calib:
+        assert r["sample"].shape[0] == 2  # unconditional + conditional
+        assert r["timestep"].shape == (2,)
+        assert r["encoder_hidden_states"].shape[:2] == (2, 77)
+        # The CFG pair shares its latent but not its text embedding.
+        torch.testing.assert_close(r["sample"][0], r["sample"][1])
+        assert not torch.equal(r["encoder_hidden_states"][0], r["encoder_hidden_states"][1])
+    saved = calib.save(tmp_path / "calib.safetensors")
+    loaded = CalibrationData.load(saved)
+    assert len(loaded) == len(calib) and loaded.meta["num_inference_steps"] == STEPS
+    assert loaded.fingerprint() == calib.fingerprint()
+    fit, held = calib.split(4)
+    assert len(fit) + len(held) == len(calib) and len(held) == len(calib) // 4
+
+
+def test_calibrate_bad_input(pipe):
+    with pytest.raises(ValueError, match="at least one prompt"):
+        calibrate(pipe, [], 2)
+    with pytest.raises(ValueError, match="num_inference_steps"):
+        calibrate(pipe, ["a cat"], 0)
+    with pytest.raises(TypeError, match="pipeline"):
+        calibrate(object(), ["a cat"], 2)
+
+
+# ---------------------------------------------------------------- quantisation
+
+
+def test_node_classification(onnx_path):
+    cats = classify_nodes(onnx_path)
+    by_cat = {}
+    for name, cat in cats.items():
+        by_cat.setdefault(cat, []).append(name)
+    assert {"conv", "qkv", "ffn", "attention", "time_embedding", "conv_in", "conv_out"} <= set(by_cat)
+    assert all("/attn" in n for n in by_cat["attention"])
+    assert all("to_q" in n or "to_k" in n or "to_v" in n for n in by_cat["qkv"])
+    chosen = select_nodes(onnx_path, "conv+ffn+qkv")
+    assert not any(cats[n] in ("attention", "time_embedding", "conv_in", "conv_out") for n in chosen)
+    assert len(select_nodes(onnx_path, "conv")) < len(chosen)
+
+
+def test_quantize_inserts_qdq_and_keeps_exclusions_float(pipe, onnx_path, int8_conv, calib):
+    summary = qdq_summary(int8_conv)
+    assert summary["QuantizeLinear"] > 0 and summary["DequantizeLinear"] > 0
+    cats = classify_nodes(int8_conv)
+    quantised = quantised_node_names(int8_conv)
+    assert quantised and all(cats[n] == "conv" for n in quantised)
+    for name, cat in cats.items():
+        if cat in ("conv_in", "conv_out", "time_embedding", "attention", "ffn", "qkv"):
+            assert name not in quantised, name
+    # It still computes the U-Net: close to, but not bit-equal with, the float graph.
+    _, held = calib.split(4)
+    ref = _eager(pipe.unet, held.records[0])
+    out = OrtRunner(int8_conv)(held.records[0])
+    assert 15 < snr_db(out, ref) < 120
+
+
+def test_quantize_exclude_regex_and_bad_arguments(onnx_path, calib, tmp_path):
+    path = quantize(
+        onnx_path,
+        calib,
+        level="conv",
+        method="minmax",
+        exclude=(r"down_blocks",),
+        out_path=tmp_path / "q.onnx",
+    )
+    quantised = quantised_node_names(path)
+    assert quantised and not any("down_blocks" in n for n in quantised)
+    with pytest.raises(ValueError, match="level"):
+        quantize(onnx_path, calib, level="everything")
+    with pytest.raises(ValueError, match="method"):
+        quantize(onnx_path, calib, method="mse")
+    with pytest.raises(ValueError, match="CalibrationData"):
+        quantize(onnx_path, CalibrationData([]))
+    with pytest.raises(ValueError, match="selects no node"):
+        quantize(onnx_path, calib, level="conv", exclude=(".",), out_path=tmp_path / "none.onnx")
+
+
+# ---------------------------------------------------------------- engine module in a pipeline
+
+
+def test_engine_runs_inside_pipeline_and_restores(pipe, fp32_cache):
+    original = pipe.unet
+    gen = torch.Generator().manual_seed(0)
+    ref = pipe(["a red cat"], num_inference_steps=2, output_type="latent", generator=gen).images
+    engine = compile_engine(pipe, precision="fp32", cache_dir=fp32_cache)
+    try:
+        assert pipe.unet is engine and isinstance(engine, EngineUNet)
+        assert engine.fastdiff_original_unet is original
+        assert list(engine.parameters()) == []  # the original U-Net is not a submodule
+        assert engine.config == original.config and engine.dtype == torch.float32
+        assert engine.device == torch.device("cpu")
+        assert engine.quality["snr_db"] > 80
+        gen = torch.Generator().manual_seed(0)
+        out = pipe(["a red cat"], num_inference_steps=2, output_type="latent", generator=gen).images
+        assert _rel(out, ref) < 1e-4
+    finally:
+        pipe.unet = engine.restore_target()
+    assert pipe.unet is original
+
+
+def test_engine_timestep_forms_and_outputs(pipe, fp32_cache):
+    engine = compile_engine(pipe.unet, precision="fp32", cache_dir=fp32_cache)
+    sig = unet_signature(pipe.unet)
+    torch.manual_seed(3)
+    inputs = sig.example_inputs(2, 16, 16)
+    ref = _eager(pipe.unet, {**inputs, "timestep": torch.full((2,), 321.0)})
+    x, ehs = inputs["sample"], inputs["encoder_hidden_states"]
+    for t in (321, 321.0, torch.tensor(321), torch.tensor([321.0]), torch.tensor([321, 321])):
+        out = engine(x, t, ehs).sample
+        assert _rel(out, ref) < 1e-4, t
+    (tup,) = engine(x, 321, encoder_hidden_states=ehs, return_dict=False)
+    assert torch.equal(tup, engine(x, 321, ehs).sample)
+    assert engine(x.double(), 321, ehs.double()).sample.dtype == torch.float64
+
+
+def test_engine_bad_inputs(pipe, fp32_cache):
+    engine = compile_engine(pipe.unet, precision="fp32", cache_dir=fp32_cache)
+    x, ehs = torch.randn(2, 4, 16, 16), torch.randn(2, 77, 32)
+    with pytest.raises(ValueError, match="sample must be"):
+        engine(torch.randn(2, 3, 16, 16), 10, ehs)
+    with pytest.raises(ValueError, match="timestep"):
+        engine(x, torch.tensor([1.0, 2.0, 3.0]), ehs)
+    with pytest.raises(TypeError, match="timestep"):
+        engine(x, "10", ehs)
+    with pytest.raises(ValueError, match="encoder_hidden_states"):
+        engine(x, 10, torch.randn(3, 77, 32))
+    with pytest.raises(NotImplementedError, match="ControlNet"):
+        engine(x, 10, ehs, mid_block_additional_residual=torch.zeros(1))
+
+
+@settings(max_examples=4, deadline=None)
+@given(batch=st.integers(1, 3), h=st.sampled_from([8, 12, 16, 20]), w=st.sampled_from([8, 16, 24]))
+def test_engine_matches_eager_on_random_shapes(pipe, fp32_cache, batch, h, w):
+    engine = compile_engine(pipe.unet, precision="fp32", cache_dir=fp32_cache)
+    torch.manual_seed(batch * 100 + h * 10 + w)
+    inputs = unet_signature(pipe.unet).example_inputs(batch, h, w)
+    assert (
+        _rel(engine(inputs["sample"], 500, inputs["encoder_hidden_states"]).sample, _eager(pipe.unet, inputs))
+        < 1e-4
+    )
+
+
+# ---------------------------------------------------------------- cache
+
+
+def test_cache_hit_skips_export(pipe, cache_copy, count_exports):
+    engine = compile_engine(pipe.unet, precision="fp32", cache_dir=cache_copy)
+    assert len(count_exports) == 0 and engine.cache_hit
+    assert engine.artifact.parent.parent == cache_copy
+    # Different weights -> different key -> a new build.
+    import copy
+
+    other = copy.deepcopy(pipe.unet)
+    with torch.no_grad():
+        other.conv_in.bias.add_(1.0)
+    third = compile_engine(other, precision="fp32", cache_dir=cache_copy)
+    assert len(count_exports) == 1 and not third.cache_hit and third.artifact != engine.artifact
+
+
+def test_corrupt_cache_entry_is_rebuilt(pipe, cache_copy, count_exports):
+    (entry,) = [p for p in cache_copy.iterdir() if p.is_dir()]
+    artifact = entry / "engine.onnx"
+    blob = bytearray(artifact.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF  # one flipped byte
+    artifact.write_bytes(bytes(blob))
+    rebuilt = compile_engine(pipe.unet, precision="fp32", cache_dir=cache_copy)
+    assert len(count_exports) == 1 and not rebuilt.cache_hit
+    assert rebuilt.quality["snr_db"] > 80
+    assert compile_engine(pipe.unet, precision="fp32", cache_dir=cache_copy).cache_hit
+
+
+def test_stale_or_incomplete_cache_entry_is_rejected(pipe, cache_copy, count_exports):
+    from fastdiff.engines import EngineCache
+
+    (entry,) = [p for p in cache_copy.iterdir() if p.is_dir()]
+    meta_path = entry / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    cache = EngineCache(cache_copy)
+    assert cache.validate(entry.name, meta["parts"]) is None
+    stale = json.loads(json.dumps(meta["parts"]))
+    stale["versions"]["onnxruntime"] = "0.0.1"
+    assert "stale" in cache.validate(entry.name, stale)
+    (entry / "engine.onnx").unlink()
+    assert "missing" in cache.validate(entry.name, meta["parts"])
+    meta_path.unlink()
+    assert "meta.json" in cache.validate(entry.name, meta["parts"])
+    again = compile_engine(pipe.unet, precision="fp32", cache_dir=cache_copy)
+    assert len(count_exports) == 1 and not again.cache_hit
+    assert not any(p.name.startswith(".staging") for p in cache_copy.iterdir())
+
+
+def test_cache_root_env(monkeypatch, tmp_path):
+    from fastdiff.engines import cache_root
+
+    monkeypatch.setenv("FASTDIFF_CACHE_DIR", str(tmp_path))
+    assert cache_root() == tmp_path / "engines"
+    monkeypatch.delenv("FASTDIFF_CACHE_DIR")
+    assert str(cache_root()).endswith(".cache/fastdiff/engines")
+
+
+# ---------------------------------------------------------------- int8 engine and quality gate
+
+
+def test_int8_engine_quality_gate(pipe, calib, tmp_path):
+    with pytest.raises(QualityGateError) as err:
+        compile_engine(
+            pipe, precision="int8", calibration=calib, cache_dir=tmp_path, method="minmax", min_snr_db=200
+        )
+    assert "SNR" in str(err.value) and "force=True" in str(err.value)
+    measured = err.value.quality["snr_db"]
+    assert 15 < measured < 200
+    assert not isinstance(pipe.unet, EngineUNet)  # refused: nothing installed
+    engine = compile_engine(
+        pipe,
+        precision="int8",
+        calibration=calib,
+        cache_dir=tmp_path,
+        method="minmax",
+        min_snr_db=200,
+        force=True,
+    )
+    try:
+        assert pipe.unet is engine and engine.cache_hit  # built once, reused by the forced call
+        assert math.isclose(engine.quality["snr_db"], measured)
+        assert engine.quality["num_inputs"] == len(calib.split(4)[1])
+        out = pipe(["a red cat"], num_inference_steps=2, output_type="latent").images
+        assert torch.isfinite(out).all()
+    finally:
+        fastdiff_restore(pipe)
+
+
+def fastdiff_restore(pipe):
+    pipe.unet = pipe.unet.fastdiff_original_unet
+
+
+def test_compile_engine_bad_arguments(pipe, calib):
+    with pytest.raises(ValueError, match="backend"):
+        compile_engine(pipe, backend="openvino")
+    with pytest.raises(ValueError, match="precision"):
+        compile_engine(pipe, precision="fp16")  # ONNX Runtime CPU path: fp32 or int8
+    with pytest.raises(ValueError, match="calibration"):
+        compile_engine(pipe, precision="int8")
+    with pytest.raises(TypeError, match="CalibrationData"):
+        compile_engine(pipe, precision="int8", calibration=[1, 2])
+    with pytest.raises(TypeError, match="pipeline"):
+        compile_engine(object())
+
+
+def test_public_export():
+    assert fastdiff.compile_engine is compile_engine
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_snr_and_cosine():
+    torch.manual_seed(0)
+    ref = torch.randn(10_000, dtype=torch.float64)
+    noise = torch.randn(10_000, dtype=torch.float64)
+    noise *= ref.norm() / noise.norm() / 10.0  # noise power 1/100 of the signal
+    assert math.isclose(snr_db(ref + noise, ref), 20.0, abs_tol=1e-9)
+    assert snr_db(ref, ref) == math.inf
+    assert math.isclose(cosine_similarity(ref, 3 * ref), 1.0)
+    assert math.isclose(cosine_similarity(ref, -ref), -1.0)
+
+
+# ---------------------------------------------------------------- TensorRT (not runnable here)
+
+
+@pytest.mark.skipif(is_available("tensorrt"), reason="tensorrt is installed; the guard does not apply")
+def test_tensorrt_guard(pipe):
+    with pytest.raises(ImportError, match=r"pip install 'fastdiff\[tensorrt\]'"):
+        compile_engine(pipe, backend="tensorrt", precision="fp16")
+    from fastdiff.engines import build_tensorrt_engine
+
+    with pytest.raises(ImportError, match="tensorrt"):
+        build_tensorrt_engine("unet.onnx", "unet.plan", {})
+
+
+def test_tensorrt_profile_shapes(pipe, onnx_path):
+    sig = unet_signature(pipe.unet)
+    shapes = tensorrt_profile_shapes(sig, batch=(1, 1, 8), image_px=(256, 512, 1024))
+    # Every engine input gets a (min, opt, max) triple; batch doubles for CFG, latents are px / 8.
+    assert set(shapes) == {i.name for i in onnx.load(str(onnx_path)).graph.input}
+    assert shapes["sample"] == ((2, 4, 32, 32), (2, 4, 64, 64), (16, 4, 128, 128))
+    assert shapes["timestep"] == ((2,), (2,), (16,))
+    assert shapes["encoder_hidden_states"][2] == (16, 77, 32)
+    xl = tensorrt_profile_shapes(unet_signature(tiny_pipeline("sdxl").unet), batch=(1, 2, 4), cfg=False)
+    assert xl["time_ids"] == ((1, 6), (2, 6), (4, 6)) and xl["text_embeds"][0] == (1, 32)
+    with pytest.raises(ValueError, match="batch"):
+        tensorrt_profile_shapes(sig, batch=(2, 1, 4))
+    with pytest.raises(ValueError, match="image_px"):
+        tensorrt_profile_shapes(sig, image_px=(250, 512, 1024))
