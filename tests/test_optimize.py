@@ -14,6 +14,19 @@ ARCHS = ["sd15", "sd21", "sdxl"]
 ALL_PASSES = dict(winograd=True, fuse_norm_act=True, attention="auto", channels_last=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def runtime_cpu_paths():
+    """Run these whole-pipeline tests on the CPU run-time paths (PyTorch Winograd, native fallbacks).
+
+    The Triton interpreter proves kernel correctness in the kernel tests at
+    small shapes; through whole pipelines it takes minutes per test. With the
+    interpreter off, a CPU process sees exactly what a user's CPU process sees.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        yield
+
+
 def rel_max_err(out, ref):
     return ((out - ref).abs().max() / ref.abs().max()).item()
 
@@ -138,7 +151,9 @@ def test_lora_through_peft_after_optimize():
 
 def test_verification_rolls_back_a_wrong_pass(monkeypatch):
     """A pass that corrupts the output must be rolled back and reported, never kept."""
-    from fastdiff.optimize import passes as passes_mod
+    import importlib
+
+    core = importlib.import_module("fastdiff.optimize.core")  # `fastdiff.optimize` is the function
 
     class Corrupting:
         name = "corrupt"
@@ -151,8 +166,7 @@ def test_verification_rolls_back_a_wrong_pass(monkeypatch):
             bad = torch.nn.Conv2d(conv.in_channels, conv.out_channels, 3, padding=1)
             ctx.replace_module("conv_out", bad, "deliberately wrong")
 
-    monkeypatch.setattr(passes_mod, "default_passes", lambda: [Corrupting()])
-    monkeypatch.setattr("fastdiff.optimize.core.default_passes", lambda: [Corrupting()])
+    monkeypatch.setattr(core, "default_passes", lambda: [Corrupting()])
     pipe = tiny_pipeline("sd15")
     conv_out = pipe.unet.conv_out
     fastdiff.optimize(pipe)
