@@ -100,7 +100,7 @@ def test_early_stop_per_sample_equals_solo_runs_and_shrinks_batch():
     sch = dpm()
     mu, s, x = gaussian_case()
     model = GaussianRows(mu, s, sch)
-    stop = dict(rtol=0.05, patience=2, min_steps=3)
+    stop = dict(rtol=0.05, patience=2, min_steps=3, max_sigma=None)
     res = sample(model, x, scheduler=sch, num_inference_steps=30, controller=EarlyStop(**stop))
     assert len(set(res.steps_run)) > 1, "rows must stop at different steps for this test to mean anything"
     assert any(res.stopped_early) and min(res.steps_run) < 30
@@ -127,7 +127,7 @@ def test_early_stop_returns_x0_prediction_not_noisy_state():
         x,
         scheduler=sch,
         num_inference_steps=30,
-        controller=EarlyStop(rtol=0.05, patience=1, min_steps=2),
+        controller=EarlyStop(rtol=0.05, patience=1, min_steps=2, max_sigma=None),
         callback=lambda rec, x0: seen.append(x0.clone()),
     )
     r = 2  # the near-delta row converges at once
@@ -138,6 +138,31 @@ def test_early_stop_returns_x0_prediction_not_noisy_state():
     x_t = sample(model, x, scheduler=sch, num_inference_steps=30, stop_after=k).state.tracks[0].x[r]
     exact = reference_loop(model, sch, x, 30)[r]
     assert (res.latents[r] - exact).norm() < 0.01 * (x_t - exact).norm()
+
+
+def test_early_stop_waits_for_low_noise():
+    sch = dpm()
+    mu, s, x = gaussian_case()
+    res = sample(
+        GaussianRows(mu, s, sch),
+        x,
+        scheduler=sch,
+        num_inference_steps=30,
+        controller=EarlyStop(rtol=0.05, patience=1, min_steps=2, max_sigma=1.0),
+    )
+    assert res.stopped_early[2], "the near-delta row converges at once and must still stop"
+    for rec in res.trace:
+        for r in rec.stopped:
+            assert rec.sigma[r] <= 1.0
+    # without the guard it stops at the first allowed step, at a high noise level
+    early = sample(
+        GaussianRows(mu, s, sch),
+        x,
+        scheduler=sch,
+        num_inference_steps=30,
+        controller=EarlyStop(rtol=0.05, patience=1, min_steps=2, max_sigma=None),
+    )
+    assert early.steps_run[2] == 2 < res.steps_run[2]
 
 
 def test_trace_has_what_a_notebook_plots():
@@ -326,6 +351,8 @@ def test_bad_inputs_raise_clear_errors():
         EarlyStop(rtol=0)
     with pytest.raises(ValueError, match="patience"):
         EarlyStop(patience=0)
+    with pytest.raises(ValueError, match="max_sigma"):
+        EarlyStop(max_sigma=-1.0)
     with pytest.raises(ValueError, match="valid: rtol"):
         EarlyStop.coerce({"tol": 0.1})
     with pytest.raises(TypeError, match="early_stop"):

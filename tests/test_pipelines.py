@@ -99,7 +99,7 @@ def test_early_stop_record_and_per_image_steps(sd):
     out = sd(
         PROMPTS,
         num_inference_steps=12,
-        early_stop={"rtol": 0.5, "patience": 1, "min_steps": 3},
+        early_stop={"rtol": 0.5, "patience": 1, "min_steps": 3, "max_sigma": None},
         guidance_scale=5.0,
         output_type="np",
         generator=gen(),

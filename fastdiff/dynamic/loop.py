@@ -529,9 +529,8 @@ def _advance(state: SampleState, ticks: int, keep_first_output: bool = False):
                 if tr.done or len(tr.rows) != 1:
                     continue
                 r = int(tr.rows[0])
-                if state.controller.should_stop(
-                    r, tr.pos - tr.start, len(tr.timesteps) - tr.start, rec_change[r]
-                ):
+                done_steps, total = tr.pos - tr.start, len(tr.timesteps) - tr.start
+                if state.controller.should_stop(r, done_steps, total, rec_change[r], sigma=rec_sigma[r]):
                     tr.done, tr.stopped_early, tr.final = True, True, tr.x0
                     stopped.append(r)
         record = StepRecord(
