@@ -64,9 +64,10 @@ def test_ineligible_convs_are_refused_with_reason(kwargs, reason):
         WinogradConv2d.from_module(nn.Conv2d(4, 4, 3, padding=0))
 
 
-def test_forced_winograd_matches_and_weight_cache_invalidates():
+@pytest.mark.parametrize("backend", ["auto", pytest.param("triton", marks=needs_triton)])
+def test_forced_winograd_matches_and_weight_cache_invalidates(backend):
     conv = make_conv()
-    wconv = WinogradConv2d.from_module(conv, mode=True)
+    wconv = WinogradConv2d.from_module(conv, mode=True, winograd_backend=backend)
     x = torch.randn(2, 6, 5, 7)
     with torch.no_grad():
         assert rel_err(wconv(x), conv(x)) <= 1e-5
@@ -79,7 +80,7 @@ def test_forced_winograd_matches_and_weight_cache_invalidates():
         assert rel_err(wconv(x), F.conv2d(x, conv.weight, conv.bias, padding=1)) <= 1e-5
         assert wconv.weight_cache.rebuilds == 3
     choice = next(iter(wconv.plan_summary().values()))["choice"]
-    assert choice == ("winograd_triton" if triton_usable("cpu") else "winograd_torch")
+    assert choice == ("winograd_triton" if backend == "triton" else "winograd_torch")  # no CUDA here
 
 
 def test_gradients_use_native_path():
@@ -222,7 +223,7 @@ def test_optimize_with_forced_kernels_matches_and_restores(tmp_path):
         winograd=True,
         verify=False,
         plan_cache_dir=str(tmp_path),
-        extra={"fuse_norm_act_backend": "triton"},
+        extra={"fuse_norm_act_backend": "triton", "winograd_backend": "triton"},
     )
     passes = _passes(fastdiff.report(unet))
     assert passes["fuse_norm_act"].status == "applied"

@@ -28,8 +28,7 @@ from fastdiff.nn.winograd import (
     share_module_state,
     winograd_ineligible_reason,
 )
-from fastdiff.ops.conv import layout_tag
-from fastdiff.ops.norm import triton_native
+from fastdiff.ops.conv import layout_tag, triton_native
 
 BACKENDS = ("auto", "triton", "torch")
 

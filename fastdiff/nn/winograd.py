@@ -10,7 +10,9 @@ Modes:
 * ``"auto"`` -- every new (input shape, dtype, layout) is timed once: Winograd (Triton on CUDA, the PyTorch
   batched-GEMM path on CPU) against ``F.conv2d``; the faster one is kept (see :mod:`fastdiff.kernels.dispatch`)
   and the decision persists across processes. :meth:`plan_summary` lists what was chosen and why.
-* ``True`` -- always Winograd: Triton where it can run (CUDA, or the interpreter), else PyTorch Winograd.
+* ``True`` -- always Winograd: the Triton kernel where it runs compiled (CUDA), else the PyTorch Winograd.
+  ``winograd_backend="triton"`` forces the Triton kernel (on CPU: only under ``TRITON_INTERPRET=1``, slow,
+  for testing) and ``"torch"`` the PyTorch Winograd.
 
 Whatever the mode, the native conv runs when autograd needs gradients, while tracing/exporting/compiling,
 and for input dtypes the kernels do not handle.
@@ -22,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastdiff._compat import triton_usable
 from fastdiff.kernels import dispatch
 from fastdiff.kernels.winograd import (
     SUPPORTED_DTYPES,
@@ -30,9 +31,10 @@ from fastdiff.kernels.winograd import (
     winograd_conv2d_torch,
     winograd_conv2d_triton,
 )
-from fastdiff.ops.conv import conv3x3_candidates, conv3x3_plan_key
+from fastdiff.ops.conv import conv3x3_candidates, conv3x3_plan_key, triton_native
 
 MODES = ("auto", True)
+WINOGRAD_BACKENDS = ("auto", "triton", "torch")
 
 
 def winograd_ineligible_reason(conv: nn.Module) -> str | None:
@@ -107,23 +109,28 @@ class WinogradConv2d(nn.Conv2d):
     """``nn.Conv2d`` (3x3, stride 1, padding 1) running Winograd F(2x2,3x3) where it measured faster."""
 
     @classmethod
-    def from_module(cls, conv: nn.Conv2d, mode="auto", plan_cache_dir=None) -> WinogradConv2d:
+    def from_module(
+        cls, conv: nn.Conv2d, mode="auto", plan_cache_dir=None, winograd_backend="auto"
+    ) -> WinogradConv2d:
         """Wrap ``conv`` sharing its parameters; raises ValueError if it is not eligible."""
         reason = winograd_ineligible_reason(conv)
         if reason is not None:
             raise ValueError(f"cannot convert to WinogradConv2d: {reason}")
         new = share_module_state(conv, cls.__new__(cls))
-        new._init_winograd(mode, plan_cache_dir)
+        new._init_winograd(mode, plan_cache_dir, winograd_backend)
         return new
 
-    def __init__(self, *args, winograd_mode="auto", plan_cache_dir=None, **kwargs):
+    def __init__(self, *args, winograd_mode="auto", plan_cache_dir=None, winograd_backend="auto", **kwargs):
         # plain construction must work too: PEFT builds its LoRA convs with type(base_layer)(...)
         super().__init__(*args, **kwargs)
-        self._init_winograd(winograd_mode, plan_cache_dir)
+        self._init_winograd(winograd_mode, plan_cache_dir, winograd_backend)
 
-    def _init_winograd(self, mode, plan_cache_dir) -> None:
+    def _init_winograd(self, mode, plan_cache_dir, winograd_backend="auto") -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'auto' or True, got {mode!r}")
+        if winograd_backend not in WINOGRAD_BACKENDS:
+            raise ValueError(f"winograd_backend must be one of {WINOGRAD_BACKENDS}, got {winograd_backend!r}")
+        self.winograd_backend = winograd_backend
         self.winograd_mode = mode
         self.plan_cache_dir = plan_cache_dir
         self.weight_cache = TransformedWeightCache()
@@ -136,7 +143,10 @@ class WinogradConv2d(nn.Conv2d):
         if record is not None:
             return record["choice"]
         if self.winograd_mode is True:
-            choice = "winograd_triton" if triton_usable(x.device) else "winograd_torch"
+            backend = self.winograd_backend
+            if backend == "auto":
+                backend = "triton" if triton_native(x.device) else "torch"
+            choice = f"winograd_{backend}"
             record = {"choice": choice, "source": "forced (winograd=True)"}
         else:
             names = [dispatch.NATIVE, *conv3x3_candidates(x, x.device)]

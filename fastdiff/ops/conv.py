@@ -70,9 +70,15 @@ def layout_tag(x: torch.Tensor) -> str:
     )
 
 
+def triton_native(device: torch.device) -> bool:
+    """Triton kernels run compiled (not interpreted) on this device."""
+    device = torch.device(device)
+    return device.type == "cuda" and triton_usable(device) and not triton_interpret()
+
+
 def conv3x3_candidates(x: torch.Tensor, device: torch.device) -> list[str]:
     """Alternatives to native that "auto" may time here. The interpreter is never a candidate (always slow)."""
-    if device.type == "cuda" and triton_usable(device) and not triton_interpret():
+    if triton_native(device):
         return ["winograd_triton"]
     if device.type == "cpu":
         return ["winograd_torch"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastdiff._compat import triton_interpret, triton_usable
 from fastdiff.kernels import dispatch
 from fastdiff.kernels.fused_norm_conv import group_norm_silu_conv3x3_triton
 from fastdiff.kernels.group_norm_silu import (
@@ -23,7 +22,7 @@ from fastdiff.kernels.group_norm_silu import (
     group_norm_silu_triton,
 )
 from fastdiff.kernels.winograd import transform_weight
-from fastdiff.ops.conv import check_conv3x3_inputs, layout_tag
+from fastdiff.ops.conv import check_conv3x3_inputs, layout_tag, triton_native
 
 BACKENDS = ("auto", "triton", "torch")
 
@@ -34,11 +33,6 @@ def _check(backend, x, num_groups, weight, bias):
     check_group_norm_inputs(x, num_groups, weight, bias)
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"x dtype must be one of float32/float16/bfloat16, got {x.dtype}")
-
-
-def triton_native(device: torch.device) -> bool:
-    """Triton kernels run compiled (not interpreted) on this device."""
-    return device.type == "cuda" and triton_usable(device) and not triton_interpret()
 
 
 def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-5, *, backend="auto", plan_cache_dir=None):

@@ -19,9 +19,10 @@ import torch
 from diffusers.models.resnet import ResnetBlock2D
 from torch import nn
 
-from fastdiff._compat import triton_interpret, triton_unusable_reason, triton_usable
+from fastdiff._compat import triton_unusable_reason, triton_usable
 from fastdiff.nn.norm_act import FusedResnetBlock2D, GroupNormSiLU, fused_resnet_ineligible_reason
 from fastdiff.nn.winograd import WinogradConv2d, winograd_ineligible_reason
+from fastdiff.ops.conv import triton_native
 
 
 class FuseNormActPass:
@@ -43,7 +44,7 @@ class FuseNormActPass:
                     f"extra['fuse_norm_act_backend'] must be 'auto', 'triton' or 'torch', got {forced!r}"
                 )
             return forced, "forced by config.extra"
-        if device.type == "cuda" and triton_usable(device) and not triton_interpret():
+        if triton_native(device):
             return "auto", "Triton kernels, measured per shape"
         if device.type == "cpu":
             return None, (
@@ -99,6 +100,9 @@ class WinogradPass:
         return "disabled by config (winograd=False)" if config.winograd is False else True
 
     def apply(self, unet, config, ctx) -> None:
+        # winograd=True runs the Triton kernel where it is compiled (CUDA), the PyTorch Winograd elsewhere;
+        # config.extra["winograd_backend"] = "triton" | "torch" forces one (tests use the interpreter)
+        backend = (config.extra or {}).get("winograd_backend", "auto")
         convs = [(p, m) for p, m in unet.named_modules() if isinstance(m, nn.Conv2d)]
         for path, conv in convs:
             if isinstance(conv, WinogradConv2d):
@@ -108,7 +112,9 @@ class WinogradPass:
             if reason is not None:
                 ctx.skip(path, reason)
                 continue
-            new = WinogradConv2d.from_module(conv, mode=config.winograd, plan_cache_dir=config.plan_cache_dir)
+            new = WinogradConv2d.from_module(
+                conv, mode=config.winograd, plan_cache_dir=config.plan_cache_dir, winograd_backend=backend
+            )
             ctx.replace_module(path, new, f"WinogradConv2d({config.winograd!r})")
             ctx.detail(path, channels=f"{conv.in_channels}->{conv.out_channels}", mode=config.winograd)
         if ctx.device.type == "cuda" and ctx.changed and not torch.backends.cudnn.benchmark:
