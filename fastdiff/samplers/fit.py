@@ -83,6 +83,7 @@ def fit_schedule(
     reference: torch.Tensor | None = None,
     reference_steps: int = 200,
     max_evals: int = 400,
+    free_end: bool = False,
     verbose: bool = False,
     **options,
 ) -> list[float]:
@@ -97,6 +98,8 @@ def fit_schedule(
         reference: target final samples for ``latents``; default: the same sampler with
             ``reference_steps`` Karras steps (the "high-NFE run of the same sampler").
         max_evals: budget of sampler runs for the optimiser.
+        free_end: also fit the last evaluated noise level (>= sigma_min) instead of fixing it
+            at sigma_min; pays off with ``final_step="variance"``, whose error is O(sigma^4).
 
     Returns:
         ``nfe + 1`` VE sigmas (last 0) for ``make_scheduler(name, like=..., schedule=sigmas)``;
@@ -128,9 +131,12 @@ def fit_schedule(
     def sigmas_of(logits: np.ndarray) -> list[float]:
         w = np.exp(logits - logits.max())
         gaps = (log_hi - log_lo) * w / w.sum()
+        if free_end:  # the last logit is the unused span above sigma_min
+            gaps = gaps[:-1]
         log_s = log_hi - np.concatenate([[0.0], np.cumsum(gaps)])
-        log_s[-1] = log_lo
-        return [*np.exp(log_s).tolist(), 0.0]
+        if not free_end:
+            log_s[-1] = log_lo
+        return [*np.exp(np.clip(log_s, log_lo, log_hi)).tolist(), 0.0]
 
     def per_sample(logits: np.ndarray) -> torch.Tensor | None:
         try:
@@ -152,6 +158,8 @@ def fit_schedule(
         np.log(np.diff(-np.log(karras_sigmas(nfe, ns.sigma_min, ns.sigma_max)))),
         np.zeros(nfe - 1),  # uniform in log sigma (exponential schedule)
     ]
+    if free_end:
+        starts = [np.append(x, x.min() - 3.0) for x in starts]  # start with the end at ~sigma_min
     candidates = list(starts)
     for x0 in starts:
         res = minimize(
