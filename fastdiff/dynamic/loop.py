@@ -22,6 +22,7 @@ Latents are the scheduler's initial state, as a diffusers pipeline prepares them
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import time
@@ -158,11 +159,18 @@ def _sigma_ve(alpha: float, sigma: float) -> float:
     return sigma / alpha if alpha > 0 else float("inf")
 
 
-def _accepted_kwargs(fn, kwargs: dict) -> dict:
-    params = inspect.signature(fn).parameters
+@functools.lru_cache(maxsize=64)
+def _step_parameters(scheduler_type: type) -> frozenset | None:
+    """Keyword names ``scheduler_type.step`` accepts (None: it takes **kwargs). Cached: inspect is slow."""
+    params = inspect.signature(scheduler_type.step).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(kwargs)
-    return {k: v for k, v in kwargs.items() if k in params}
+        return None
+    return frozenset(params)
+
+
+def _accepted_kwargs(scheduler, kwargs: dict) -> dict:
+    names = _step_parameters(type(scheduler))
+    return dict(kwargs) if names is None else {k: v for k, v in kwargs.items() if k in names}
 
 
 def _takes_rows(model_fn) -> bool:
@@ -329,6 +337,8 @@ def sample(
     if controller is not None:
         controller.reset(batch)
 
+    prepared = {}  # step count -> (scheduler with timesteps set, begin index); copied per track
+
     def make_track(rows, n, x):
         if n is None:
             sch = copy.deepcopy(scheduler)
@@ -337,7 +347,10 @@ def sample(
             else:
                 begin = getattr(sch, "begin_index", None) or 0
         else:
-            sch, begin = _new_scheduler(scheduler, n, device, start_step)
+            if n not in prepared:
+                prepared[n] = _new_scheduler(scheduler, n, device, start_step)
+            template, begin = prepared[n]
+            sch = copy.deepcopy(template)
         timesteps = sch.timesteps
         if begin >= len(timesteps):
             raise ValueError(f"start_step {start_step} leaves no steps of a {len(timesteps)}-step schedule")
@@ -494,7 +507,7 @@ def _advance(state: SampleState, ticks: int, keep_first_output: bool = False):
                 first_outputs[i] = out
             t = tr.timesteps[tr.pos]
             alpha, sigma = coeffs[i]
-            kwargs = _accepted_kwargs(tr.scheduler.step, {**state.step_kwargs, "generator": tr.generator})
+            kwargs = _accepted_kwargs(tr.scheduler, {**state.step_kwargs, "generator": tr.generator})
             res = tr.scheduler.step(out, t, tr.x, return_dict=True, **kwargs)
             x0 = getattr(res, "pred_original_sample", None)
             if x0 is None:
