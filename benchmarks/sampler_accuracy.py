@@ -99,6 +99,17 @@ def fastdiff_configs():
         ("unipc exponential", "unipc", dict(schedule="exponential")),
         ("unipc-3 karras", "unipc", dict(schedule="karras", solver_order=3)),
         ("unipc karras +variance", "unipc", dict(schedule="karras", final_step="variance")),
+        # isolates the effect of fractional timesteps once the final-interval floor is gone
+        (
+            "dpmpp_2m karras rounded-t +variance",
+            "dpmpp_2m",
+            dict(schedule="karras", final_step="variance", fractional_timesteps=False),
+        ),
+        (
+            "unipc karras rounded-t +variance",
+            "unipc",
+            dict(schedule="karras", final_step="variance", fractional_timesteps=False),
+        ),
     ]
 
 

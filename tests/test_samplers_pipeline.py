@@ -135,3 +135,13 @@ def test_sdxl_pipeline_round_trip(name):
     assert torch.isfinite(out.images).all()
     # denoising_end compares (fractional) timesteps with the training-step cut-off
     assert 0 < pipe.scheduler.step_index < 4
+
+
+def test_pipeline_save_and_load_keeps_the_fast_scheduler(sd15, tmp_path):
+    from diffusers import StableDiffusionPipeline
+
+    sd15.scheduler = make_scheduler("unipc", like=sd15.scheduler, final_step="variance")
+    sd15.save_pretrained(tmp_path)
+    loaded = StableDiffusionPipeline.from_pretrained(tmp_path)
+    assert isinstance(loaded.scheduler, FastScheduler)
+    assert loaded.scheduler.config.sampler == "unipc" and loaded.scheduler.config.final_step == "variance"
