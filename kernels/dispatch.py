@@ -174,7 +174,21 @@ def choose(
     if record is not None and record["choice"] in candidates:
         stats["cache_hits"] += 1
         return record["choice"], {**record, "source": "plan cache"}
+    failed = {}
     with torch.no_grad():
+        for name in [n for n in candidates if n != NATIVE]:
+            try:  # a kernel that cannot compile or run on this device is never chosen
+                candidates[name]()
+            except Exception as err:  # noqa: BLE001 - any failure disqualifies the candidate
+                failed[name] = f"{type(err).__name__}: {str(err)[:200]}"
+                warnings.warn(
+                    f"fastdiff: {name} failed for {key}, using native: {failed[name]}", stacklevel=2
+                )
+        candidates = {n: fn for n, fn in candidates.items() if n not in failed}
+        if len(candidates) == 1:
+            record = {"choice": NATIVE, "failed": failed}
+            cache.put(key, record)
+            return NATIVE, {**record, "source": "measured"}
         times = measure(candidates, device)
         best = _winner(times, margin)
         confirm = None
@@ -190,6 +204,8 @@ def choose(
         "times_ms": {k: round(v * 1e3, 4) for k, v in times.items()},
         "speedup_vs_native": round(speedup, 3),
     }
+    if failed:
+        record["failed"] = failed
     if confirm is not None:
         record["confirm_ms"] = {k: round(v * 1e3, 4) for k, v in confirm.items()}
     cache.put(key, record)

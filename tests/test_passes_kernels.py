@@ -123,6 +123,21 @@ def test_plans_persist_across_instances_and_processes(tmp_path):
         assert json.loads(files[0].read_text())["entries"]
 
 
+def test_failing_candidate_is_never_chosen(tmp_path):
+    def broken():
+        raise RuntimeError("no kernel for this GPU")
+
+    calls = []
+    with pytest.warns(UserWarning, match="broken"):
+        choice, rec = dispatch.choose(
+            "test|broken",
+            {"native": lambda: calls.append(1), "broken": broken},
+            torch.device("cpu"),
+            tmp_path,
+        )
+    assert choice == "native" and "RuntimeError" in rec["failed"]["broken"]
+
+
 # --- GroupNormSiLU and FusedResnetBlock2D ---------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["auto", "torch", pytest.param("triton", marks=needs_triton)])
 def test_group_norm_silu_module(backend):
