@@ -154,3 +154,24 @@ def test_fuzz_custom_sigmas(sig):
     s = make_scheduler("unipc", schedule=sig)
     s.set_timesteps()
     np.testing.assert_allclose(s.sigma_of_timestep(s.timesteps).numpy(), sig, rtol=1e-4)
+
+
+def test_documented_spacing_differences_from_diffusers():
+    """One definition per spacing name in fastdiff (schedules.py docstring); diffusers differs by scheduler."""
+    from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
+
+    sd = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1)
+    ours, _ = build_schedule("leading", 7, NS, steps_offset=1)
+    ddim = DDIMScheduler(**sd, timestep_spacing="leading")
+    ddim.set_timesteps(7)
+    assert ours.tolist() == ddim.timesteps.tolist()  # DDIM's "leading": T // N
+    dpm = DPMSolverMultistepScheduler(**sd, timestep_spacing="leading")
+    dpm.set_timesteps(7)
+    assert ours.tolist() != dpm.timesteps.tolist()  # multistep "leading" uses T // (N + 1)
+    ours, _ = build_schedule("linspace", 7, NS)
+    dpm = DPMSolverMultistepScheduler(**{k: v for k, v in sd.items() if k != "steps_offset"})
+    dpm.set_timesteps(7)
+    assert ours.tolist() == dpm.timesteps.tolist()  # "linspace": the N + 1 point grid of DPM/UniPC
+    ddim = DDIMScheduler(**sd, timestep_spacing="linspace")
+    ddim.set_timesteps(7)
+    assert ddim.timesteps.tolist()[-1] == 0 and ours[-1] > 0  # DDIM's N-point linspace ends at t = 0
