@@ -272,7 +272,8 @@ def calibrate(n: int, guidance: float, batch: int, min_steps: int, max_steps: in
         "min_steps": min_steps,
         "guidance_scale": guidance,
         "prompts": n,
-        "measured": env_info()["date"] if "date" in env_info() else time.strftime("%Y-%m-%d"),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "weights": os.environ.get("FASTDIFF_TINY_WEIGHTS") or "shipped fastdiff/tiny/weights",
     }
     return table, records
 

@@ -28,6 +28,9 @@ def test_notebook_is_stripped(path):
 def test_notebook_runs_small(path, monkeypatch):
     monkeypatch.setenv("FASTDIFF_NOTEBOOK_SMALL", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv(
+        "OMP_NUM_THREADS", "1"
+    )  # the kernel inherits it; oversubscribed threads crawl on shared CI
     nb = nbformat.read(path, as_version=4)
     # kernel "python3": jupyter_client resolves it to ipykernel on this interpreter (native kernel)
     client = nbclient.NotebookClient(

@@ -400,8 +400,13 @@ class FastdiffPipelineMixin:
             for k, v in kwargs.items()
             if k in ("prompt", "height", "width", "num_images_per_prompt", "generator", "prompt_embeds")
         }
-        if spec.guidance_scale is not None:
-            draft_kwargs["guidance_scale"] = spec.guidance_scale
+        guidance = spec.guidance_scale
+        if guidance is None:
+            # a full LCM takes guidance as a U-Net input (time_cond_proj_dim): give it the call's scale;
+            # an LCM-LoRA'd U-Net runs without CFG (its recommended scale is 1-2)
+            embedded = getattr(draft_pipe.unet.config, "time_cond_proj_dim", None) is not None
+            guidance = float(kwargs.get("guidance_scale", 7.5)) if embedded else 1.0
+        draft_kwargs["guidance_scale"] = guidance
         counter = _CallCounter(draft_pipe.unet)
         try:
             out = draft_pipe(
@@ -467,8 +472,6 @@ class _DraftSpec:
         }
         draft = base(**components)
         draft.set_progress_bar_config(disable=True)
-        if self.guidance_scale is None:
-            self.guidance_scale = 1.0  # an LCM(-LoRA) U-Net in a plain pipeline: no CFG
         return draft
 
 
