@@ -187,4 +187,11 @@ def test_fp16_model_output_gets_float32_update_maths():
     out = run_scheduler(model16, X_T.clone().half(), s16, 10)
     assert out.dtype == torch.float16
     # only the final cast to fp16 (and fp16 model inputs) separate the two runs
-    assert rel(out, ref) < 2e-3
+    assert rel(out, ref) < 1e-3
+    # handing the scheduler a copy defeats its float32 state: rounding every step costs accuracy
+    s = make_scheduler("unipc")
+    s.set_timesteps(10)
+    x = X_T.clone().half()
+    for t in s.timesteps:
+        x = s.step(model16(x, t), t, x.clone()).prev_sample
+    assert rel(out, ref) < 0.8 * rel(x, ref)
