@@ -34,9 +34,16 @@ step "install carried wheels and fastdiff"
 if compgen -G ".whl/*.whl" > /dev/null; then
   python -m pip install --no-deps --no-index --quiet .whl/*.whl || { echo "wheel install failed"; status=1; }
 fi
-python -m pip install --no-deps --no-build-isolation --quiet . \
-  || python -m pip install --no-deps --quiet . \
-  || { echo "fastdiff install failed"; exit 1; }
+if ! python -m pip install --no-deps --no-build-isolation --quiet .; then
+  # no setuptools/wheel to build with (and no network): expose the source tree as the package instead,
+  # mapping kernels/ to fastdiff.kernels the way pyproject's package-dir does
+  echo "pip install failed; using a source shim on PYTHONPATH"
+  SHIM=/tmp/fastdiff-shim/fastdiff
+  rm -rf /tmp/fastdiff-shim && mkdir -p "$SHIM"
+  for f in "$PWD"/fastdiff/*; do ln -s "$f" "$SHIM/$(basename "$f")"; done
+  ln -s "$PWD/kernels" "$SHIM/kernels"
+  export PYTHONPATH="/tmp/fastdiff-shim${PYTHONPATH:+:$PYTHONPATH}"
+fi
 python -c "import fastdiff.kernels.winograd as w, diffusers; print('fastdiff ok, diffusers', diffusers.__version__)" \
   || { echo "imports failed"; exit 1; }
 
