@@ -25,6 +25,8 @@ from fastdiff.optimize import OptimizeConfig, optimize, report, restore  # noqa:
 # public name -> module that defines it
 _LAZY = {
     "make_scheduler": "fastdiff.samplers",
+    "FastScheduler": "fastdiff.samplers",
+    "fit_schedule": "fastdiff.samplers",
     "sample": "fastdiff.dynamic",
     "SampleResult": "fastdiff.dynamic",
     "StableDiffusionPipeline": "fastdiff.pipelines",
