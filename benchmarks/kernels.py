@@ -238,6 +238,18 @@ def bench_cuda(arch, size, batch, dtype):
     return conv_rows, gn_rows
 
 
+def noise_note(rows) -> str:
+    """Where auto kept native, the module runs the very same F.conv2d: its ratio should be 1.0, so the spread
+    of those ratios measures this run's timing noise."""
+    same = [r["auto_vs_native"] for r in rows if r.get("auto_choice") == "native"]
+    if not same:
+        return ""
+    return (
+        f" Timing noise in this run: where auto kept native (the identical op) auto_vs_native ranged "
+        f"{min(same):.2f}-{max(same):.2f} instead of 1.00; read ratios within that band as ties."
+    )
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -298,8 +310,10 @@ def main(argv=None):
         notes += (
             " CPU: PyTorch Winograd (batched GEMM over 16 planes) vs oneDNN F.conv2d; auto = WinogradConv2d "
             "after its own measurement (keeps Winograd only where it won). Triton kernels are not timed on CPU "
-            "(interpreter only). The machine was shared with other jobs: expect noise of +-10-20%."
+            "(interpreter only). The 2-core machine was shared with other jobs during the run (peaks above are "
+            "what was left to this process; % of peak can exceed 100 when the load dropped mid-run)."
         )
+    notes += noise_note(rows)
     write_results(name, rows, meta, notes=notes)
     if gn_rows:
         write_results(name + "_groupnorm", gn_rows, meta, notes=notes)
