@@ -47,7 +47,9 @@ FULL = dict(
     vae_batch=32,
     unet_steps=1600,
     unet_batch=32,
-    lcm_steps=400,
+    unet_more_steps=1200,
+    offset_noise_milli=150,  # offset-noise std x 1000 for the second U-Net phase and LCM
+    lcm_steps=350,
     lcm_batch=16,
     decoder_steps=300,
     decoder_batch=16,
@@ -59,6 +61,8 @@ SMOKE = dict(
     vae_batch=8,
     unet_steps=3,
     unet_batch=8,
+    unet_more_steps=2,
+    offset_noise_milli=150,
     lcm_steps=3,
     lcm_batch=4,
     decoder_steps=2,
@@ -243,20 +247,34 @@ def alphas_cumprod():
     ).alphas_cumprod.float()
 
 
-def stage_unet(args, cfg):
-    torch.manual_seed(args.seed)
+def offset_noise(shape, gen, offset: float) -> torch.Tensor:
+    """Gaussian noise plus a per-image, per-channel constant of std `offset` ("offset noise").
+
+    SD's schedule ends at alpha_bar ~ 0.005, so x_T still carries 7% of the latent; on a
+    16x16 latent the mean of pure noise has std only 1/16, so the background colour leaks
+    through x_T and a model learns to read it there instead of from the prompt (at
+    sampling time it then follows the random mean of the initial noise). Extra
+    low-frequency noise hides that leak, so the colour has to come from the text.
+    """
+    noise = torch.randn(shape, generator=gen)
+    if offset:
+        noise = noise + offset * torch.randn(shape[0], shape[1], 1, 1, generator=gen)
+    return noise
+
+
+def _train_unet(
+    args, cfg, tokenizer, text_encoder, unet, total, peak_lr, warmup, seed_offset, tag, offset=0.0
+):
+    """Joint text-encoder + U-Net epsilon-prediction training; saves the EMA weights."""
     mean, std, prompts, scaling = load_latents(args)
-    tokenizer = M.build_tokenizer(os.path.join(args.workdir, "tokenizer"))
     ids_all = tokenize(tokenizer, prompts)
     ids_empty = tokenize(tokenizer, [""])[0]
-    text_encoder = M.build_text_encoder(tokenizer)
-    unet = M.build_unet()
     ema_te, ema_unet = copy.deepcopy(text_encoder).eval(), copy.deepcopy(unet).eval()
     params = list(unet.parameters()) + list(text_encoder.parameters())
-    opt = torch.optim.AdamW(params, lr=8e-4, weight_decay=0.01)
+    opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.01)
     ac = alphas_cumprod()
-    gen = torch.Generator().manual_seed(args.seed + 3)
-    total, bs = cfg["unet_steps"], cfg["unet_batch"]
+    gen = torch.Generator().manual_seed(args.seed + seed_offset)
+    bs = cfg["unet_batch"]
     t0 = time.time()
     run = 0.0
     for step in range(total):
@@ -266,10 +284,10 @@ def stage_unet(args, cfg):
         drop = torch.rand(bs, generator=gen) < 0.1  # classifier-free guidance dropout
         ids[drop] = ids_empty
         t = torch.randint(0, 1000, (bs,), generator=gen)
-        noise = torch.randn(z0.shape, generator=gen)
+        noise = offset_noise(z0.shape, gen, offset)
         a = ac[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * z0 + (1 - a).sqrt() * noise
-        set_lr(opt, lr_at(step, total, 8e-4, 100))
+        set_lr(opt, lr_at(step, total, peak_lr, warmup))
         ctx = text_encoder(ids).last_hidden_state
         pred = unet(xt, t, ctx).sample
         loss = F.mse_loss(pred, noise)
@@ -282,13 +300,50 @@ def stage_unet(args, cfg):
         ema_update(ema_te, text_encoder, decay)
         run = loss.item() if step == 0 else 0.98 * run + 0.02 * loss.item()
         if step % 50 == 0 or step == total - 1:
-            log(f"unet step {step}/{total} loss {loss.item():.4f} avg {run:.4f} ({time.time() - t0:.0f}s)")
+            log(f"{tag} step {step}/{total} loss {loss.item():.4f} avg {run:.4f} ({time.time() - t0:.0f}s)")
         if args.checkpoint_every and step and step % args.checkpoint_every == 0:
             ema_unet.save_pretrained(os.path.join(args.workdir, "unet"))
             ema_te.save_pretrained(os.path.join(args.workdir, "text_encoder"))
     ema_unet.save_pretrained(os.path.join(args.workdir, "unet"))
     ema_te.save_pretrained(os.path.join(args.workdir, "text_encoder"))
-    log("unet + text encoder (EMA) saved")
+    log(f"{tag}: unet + text encoder (EMA) saved")
+
+
+def stage_unet(args, cfg):
+    torch.manual_seed(args.seed)
+    tokenizer = M.build_tokenizer(os.path.join(args.workdir, "tokenizer"))
+    text_encoder = M.build_text_encoder(tokenizer)
+    unet = M.build_unet()
+    _train_unet(args, cfg, tokenizer, text_encoder, unet, cfg["unet_steps"], 8e-4, 100, 3, "unet")
+
+
+def stage_unet_more(args, cfg):
+    """Second U-Net phase: continue from the first phase's EMA weights with a fresh, lower schedule."""
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    torch.manual_seed(args.seed + 10)
+    tokenizer = CLIPTokenizer.from_pretrained(os.path.join(args.workdir, "tokenizer"))
+    text_encoder = CLIPTextModel.from_pretrained(
+        os.path.join(args.workdir, "text_encoder"), dtype=torch.float32
+    )
+    unet = UNet2DConditionModel.from_pretrained(os.path.join(args.workdir, "unet"))
+    text_encoder.train()
+    unet.train()
+    offset = cfg["offset_noise_milli"] / 1000
+    _train_unet(
+        args,
+        cfg,
+        tokenizer,
+        text_encoder,
+        unet,
+        cfg["unet_more_steps"],
+        4e-4,
+        50,
+        13,
+        "unet_more",
+        offset=offset,
+    )
 
 
 # ----------------------------------------------------------------------------- lcm
@@ -375,7 +430,7 @@ def stage_lcm(args, cfg):
         s = (t - k).clamp(min=0)
         g = LCM_GUIDANCE[0] + (LCM_GUIDANCE[1] - LCM_GUIDANCE[0]) * torch.rand(bs, generator=gen)
         w_emb = guidance_embedding(g)
-        noise = torch.randn(z0.shape, generator=gen)
+        noise = offset_noise(z0.shape, gen, cfg["offset_noise_milli"] / 1000)
         a_t, a_s = ac[t].view(-1, 1, 1, 1), ac[s].view(-1, 1, 1, 1)
         xt = a_t.sqrt() * z0 + (1 - a_t).sqrt() * noise
         cs_t, co_t = boundary_scalings(t)
@@ -427,6 +482,7 @@ STAGES = {
     "vae": stage_vae,
     "latents": stage_latents,
     "unet": stage_unet,
+    "unet_more": stage_unet_more,
     "decoder": stage_decoder,
     "lcm": stage_lcm,
     "export": stage_export,

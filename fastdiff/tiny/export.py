@@ -65,6 +65,14 @@ def export_weights(workdir: str, out: str, lcm_kwargs: dict, schedule: dict) -> 
             os.path.join(out, "lcm"), vae, text_encoder, tokenizer, student, LCMScheduler(**lcm_kwargs)
         )
 
+    # transformers 5 writes only tokenizer.json; the slow CLIPTokenizer of transformers 4.x needs
+    # vocab.json + merges.txt, so ship those too (they describe the same tokenizer)
+    for variant in ("base", "lcm"):
+        dest = os.path.join(out, variant, "tokenizer")
+        for name in ("vocab.json", "merges.txt"):
+            if os.path.isdir(dest) and not os.path.exists(os.path.join(dest, name)):
+                shutil.copy(os.path.join(workdir, "tokenizer", name), dest)
+
     stats_file = os.path.join(workdir, "vae_stats.json")
     meta = json.load(open(stats_file)) if os.path.exists(stats_file) else {}
     refs = {"training": meta}
