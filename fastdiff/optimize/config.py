@@ -15,9 +15,13 @@ class OptimizeConfig:
     Attributes:
         winograd: "auto" keeps Winograd F(2x2,3x3) only for the conv shapes
             where it measured faster than the native conv on this device;
-            True forces it on every eligible 3x3 conv; False disables it.
+            True forces it on every eligible 3x3 conv (the Triton kernel where
+            Triton runs compiled, i.e. CUDA; the PyTorch Winograd elsewhere);
+            False disables it.
         fuse_norm_act: fuse GroupNorm→SiLU (and, in ResnetBlock2D, the
-            following 3x3 conv) into single kernels.
+            following 3x3 conv) into single kernels. Acts where Triton runs
+            compiled (CUDA); on CPU no fused kernel beats PyTorch, so the
+            pass records why and changes nothing.
         attention: attention backend for every diffusers ``Attention`` module:
             one of "auto", "sdpa", "flash", "efficient", "cudnn", "math",
             "xformers", "flash_attn". Only "auto" falls back silently.
@@ -30,7 +34,11 @@ class OptimizeConfig:
             bf16 4e-2).
         plan_cache_dir: where measured per-shape dispatch plans persist;
             default ``$FASTDIFF_CACHE_DIR/plans`` or ``~/.cache/fastdiff/plans``.
-        extra: room for passes added later (name -> options).
+        extra: room for passes added later (name -> options). Recognised
+            now: ``"winograd_backend": "triton"`` and
+            ``"fuse_norm_act_backend": "triton"`` force the Triton kernels
+            even where they only run interpreted (tests use this under
+            ``TRITON_INTERPRET=1``).
     """
 
     winograd: bool | str = "auto"
