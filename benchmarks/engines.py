@@ -1,0 +1,312 @@
+"""CPU benchmark of compiled U-Net engines: PyTorch eager fp32 vs ONNX Runtime fp32 vs ONNX Runtime int8.
+
+One process, one input, all variants timed round-robin (so machine noise hits them
+alike). Quality of every engine is measured on held-back recorded U-Net inputs
+(SNR in dB and cosine similarity against the PyTorch U-Net's output).
+
+    nice -n 10 python benchmarks/engines.py --model sd15-half
+    nice -n 10 python benchmarks/engines.py --model sd15-full --reps 3 --calib-prompts 2 --steps 6
+    nice -n 10 python benchmarks/engines.py --model tiny --e2e    # trained tiny model, when its weights exist
+
+Models: ``sd15-full`` is the published SD1.5 U-Net configuration with random weights at
+256x256 (32x32 latents); ``sd15-half`` halves every channel count (same depth and layout);
+``tiny`` is fastdiff's trained tiny model (``fastdiff.tiny.load_pipeline("base")``).
+Random-weight U-Nets make the speed figures representative, not the quantisation error:
+activation statistics of trained weights differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import env_info, write_results  # noqa: E402
+
+from fastdiff.engines import (  # noqa: E402
+    OrtRunner,
+    calibrate,
+    export_onnx,
+    layer_sensitivity,
+    qdq_summary,
+    quantize,
+)
+from fastdiff.engines.compile import measure_quality  # noqa: E402
+
+WORDS = "a red blue green yellow cat dog bird car tree house boat small big photo of on the in".split()
+
+
+def _prompts(n: int, seed: int = 0) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    colors, things = WORDS[1:5], WORDS[5:11]
+    out = []
+    for _ in range(n):
+        c = colors[int(torch.randint(len(colors), (1,), generator=g))]
+        t = things[int(torch.randint(len(things), (1,), generator=g))]
+        out.append(f"a photo of a {c} {t}")
+    return out
+
+
+def make_pipeline(model: str):
+    """(pipeline, image side in px) for the requested model."""
+    from diffusers import DDIMScheduler
+
+    if model == "tiny":
+        from fastdiff.tiny import load_pipeline
+
+        pipe = load_pipeline("base")
+        side = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    else:
+        from fastdiff.testing import tiny_pipeline
+
+        pipe = tiny_pipeline("sd15", size="full", seed=0)
+        if model == "sd15-half":
+            from diffusers import UNet2DConditionModel
+
+            cfg = dict(pipe.unet.config)
+            cfg["block_out_channels"] = [c // 2 for c in cfg["block_out_channels"]]
+            torch.manual_seed(0)
+            pipe.unet = UNet2DConditionModel.from_config(cfg).eval()
+        elif model != "sd15-full":
+            raise SystemExit(f"unknown --model {model!r}; valid: tiny, sd15-full, sd15-half")
+        side = 256
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, side
+
+
+def round_robin(fns: dict, reps: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per callable, timed in interleaved rounds."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="sd15-half", choices=["tiny", "sd15-full", "sd15-half"])
+    p.add_argument("--calib-prompts", type=int, default=4)
+    p.add_argument("--steps", type=int, default=8, help="sampler steps per calibration run")
+    p.add_argument("--levels", default="conv,conv+ffn,conv+ffn+qkv,all")
+    p.add_argument("--methods", default="percentile")
+    p.add_argument("--act-types", default="uint8", help="activation int8 types to try: uint8,int8")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--sensitivity", action="store_true", help="also run the per-category sensitivity sweep")
+    p.add_argument("--e2e", action="store_true", help="end-to-end pipeline time and attribute accuracy")
+    p.add_argument("--e2e-prompts", type=int, default=32)
+    p.add_argument("--e2e-levels", default="conv+ffn+qkv", help="int8 levels for the end-to-end comparison")
+    p.add_argument("--name", default=None, help="results file name (default engines-<model>)")
+    p.add_argument("--workdir", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    torch.manual_seed(0)
+
+    pipe, side = make_pipeline(args.model)
+    unet = pipe.unet
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="fastdiff-bench-engines-"))
+    work.mkdir(parents=True, exist_ok=True)
+    log = lambda *a: print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+    t0 = time.perf_counter()
+    calib = calibrate(
+        pipe, _prompts(args.calib_prompts), args.steps, guidance_scale=7.5, height=side, width=side
+    )
+    calib_s = time.perf_counter() - t0
+    fit, held = calib.split(4)
+    log(f"calibration: {len(calib)} records in {calib_s:.0f}s; {len(fit)} fit, {len(held)} held back")
+
+    t0 = time.perf_counter()
+    fp32_path = export_onnx(unet, work / "unet.onnx", sample_shape=tuple(held.records[0]["sample"].shape))
+    export_s = time.perf_counter() - t0
+    log(f"export {export_s:.0f}s")
+
+    variants = {"ort-fp32": {"path": fp32_path, "build_s": export_s}}
+    for act in args.act_types.split(","):
+        for method in args.methods.split(","):
+            ranges = work / f"ranges-{method}-{act}.json"
+            for level in args.levels.split(","):
+                t0 = time.perf_counter()
+                qpath = quantize(
+                    fp32_path,
+                    fit,
+                    level=level,
+                    method=method,
+                    activation_type=act,
+                    out_path=work / f"unet-{level.replace('+', '-')}-{method}-{act}.onnx",
+                    calibration_cache=ranges,
+                )
+                name = f"ort-int8 {level} {method}" + ("" if act == "uint8" else f" {act}")
+                variants[name] = {"path": qpath, "build_s": time.perf_counter() - t0, "level": level}
+                log(f"quantised {name} in {variants[name]['build_s']:.0f}s")
+
+    rows = []
+    runners = {}
+    for name, v in variants.items():
+        runners[name] = OrtRunner(v["path"])
+        q = measure_quality(unet, runners[name], held)
+        summary = qdq_summary(v["path"]) if name != "ort-fp32" else None
+        rows.append(
+            {
+                "variant": name,
+                "quantised_layers": sum(summary["quantised"].values()) if summary else 0,
+                "snr_db": round(q["snr_db"], 2),
+                "snr_db_min": round(q["snr_db_min"], 2),
+                "cosine": round(q["cosine"], 6),
+                "build_s": round(v["build_s"], 1),
+            }
+        )
+        log(f"{name}: SNR {q['snr_db']:.2f} dB (min {q['snr_db_min']:.2f}), cosine {q['cosine']:.6f}")
+
+    # Time one U-Net step (the CFG pair: batch 2) for every variant, round-robin.
+    record = held.records[len(held) // 2]
+    fns = {"torch-eager-fp32": lambda: _eager(unet, record)}
+    fns.update({name: (lambda r=r: r(record)) for name, r in runners.items()})
+    times = round_robin(fns, args.reps)
+    eager = times["torch-eager-fp32"]
+    rows.insert(0, {"variant": "torch-eager-fp32", "quantised_layers": 0, "snr_db": None, "cosine": 1.0})
+    for row in rows:
+        t = times[row["variant"]]
+        row["ms_per_step"] = round(1000 * t, 1)
+        row["speedup_vs_eager"] = round(eager / t, 2)
+    log(json.dumps(rows, indent=1))
+
+    notes = [
+        f"Model: {args.model} U-Net ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f} M params), "
+        f"one step = batch 2 (CFG pair) at {side}x{side} px, latent {tuple(record['sample'].shape)}.",
+        f"Calibration: {args.calib_prompts} prompts x {args.steps} DDIM steps, guidance 7.5 = {len(calib)} "
+        f"recorded U-Net calls; every 4th held back for quality ({len(held)}), the rest calibrate ({len(fit)}).",
+        f"Timing: median of {args.reps} round-robin repetitions after 1 warm-up, all variants in one process.",
+        "int8: ONNX Runtime quantize_static QDQ, per-channel symmetric int8 weights, per-tensor activations "
+        "(uint8 asymmetric unless noted); float islands: time embedding, conv_in, conv_out, norms, attention matmuls.",
+    ]
+    extra = {}
+    if args.sensitivity:
+        sens = layer_sensitivity(fp32_path, fit, held.subset(2), by="category")
+        extra["sensitivity"] = sens
+        notes.append(
+            "Per-category sensitivity (only that category int8; SNR vs ORT fp32): "
+            + ", ".join(f"{s['group']} {s['snr_db']:.1f} dB ({s['num_nodes']})" for s in sens)
+        )
+        log(json.dumps(sens, indent=1))
+    if args.e2e:
+        e2e = _end_to_end(pipe, calib, args, work)
+        extra["e2e"] = e2e
+        write_results(
+            f"{args.name or 'engines-' + args.model}-e2e",
+            e2e,
+            None,
+            [
+                "variant",
+                "seconds",
+                "speedup",
+                "snr_db",
+                "psnr_vs_torch",
+                "shape_colour",
+                "bg_colour",
+                "shape",
+                "all",
+                "n",
+            ],
+            notes=f"- {args.e2e_prompts} held-out prompts, fixed seeds, "
+            "the tiny model's reference settings (10 steps, guidance 5). Attribute accuracy from fastdiff.metrics.score.",
+        )
+    meta = env_info()
+    meta.update({"model": args.model, "calibration_s": round(calib_s, 1), **extra})
+    name = args.name or f"engines-{args.model}"
+    cols = [
+        "variant",
+        "quantised_layers",
+        "ms_per_step",
+        "speedup_vs_eager",
+        "snr_db",
+        "snr_db_min",
+        "cosine",
+        "build_s",
+    ]
+    paths = write_results(name, rows, meta, cols, notes="\n".join(f"- {n}" for n in notes))
+    log("wrote", *paths)
+
+
+@torch.no_grad()
+def _eager(unet, record):
+    added = None
+    if "text_embeds" in record:
+        added = {"text_embeds": record["text_embeds"], "time_ids": record["time_ids"]}
+    return unet(
+        record["sample"],
+        record["timestep"],
+        record["encoder_hidden_states"],
+        timestep_cond=record.get("timestep_cond"),
+        added_cond_kwargs=added,
+        return_dict=False,
+    )[0]
+
+
+def _end_to_end(pipe, calib, args, work: Path) -> list[dict]:
+    """Pipeline wall time and prompt-attribute accuracy: PyTorch vs ORT fp32 vs ORT int8 (tiny model).
+
+    Uses the public path: ``compile_engine`` installs each engine into the pipeline.
+    Prompts are the tiny model's held-out attribute combinations (calibration used train prompts).
+    """
+    from fastdiff.engines import compile_engine
+    from fastdiff.metrics import psnr, score
+    from fastdiff.tiny.data import list_prompts
+    from fastdiff.tiny.load import REFERENCE_SETTINGS
+
+    prompts, attrs = zip(*list_prompts("heldout")[: args.e2e_prompts])
+    settings = REFERENCE_SETTINGS["base"]
+    original = pipe.unet
+
+    def generate():
+        images = []
+        t0 = time.perf_counter()
+        for i in range(0, len(prompts), 8):
+            gen = torch.Generator().manual_seed(i)
+            out = pipe(list(prompts[i : i + 8]), generator=gen, output_type="pt", **settings)
+            images.append(out.images)
+        return torch.cat(images), time.perf_counter() - t0
+
+    rows = []
+    ref_images, ref_s = generate()
+    rows.append({"variant": "torch-eager-fp32", "seconds": ref_s, **score(ref_images, attrs)})
+    for precision, level in (("fp32", None), *(("int8", lv) for lv in args.e2e_levels.split(","))):
+        kwargs = {} if precision == "fp32" else {"calibration": calib, "level": level}
+        engine = compile_engine(
+            pipe, precision=precision, cache_dir=work / "cache", min_snr_db=None, **kwargs
+        )
+        images, secs = generate()
+        pipe.unet = original
+        name = f"ort-{precision}" + (f" {level}" if level else "")
+        rows.append(
+            {
+                "variant": name,
+                "seconds": secs,
+                "snr_db": round(engine.quality["snr_db"], 2),
+                "psnr_vs_torch": float(psnr(images, ref_images)),
+                **score(images, attrs),
+            }
+        )
+    base = rows[0]["seconds"]
+    for r in rows:
+        r["speedup"] = round(base / r["seconds"], 2)
+        r["seconds"] = round(r["seconds"], 1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
