@@ -253,13 +253,31 @@ def test_prompt_tiers_and_high_frequency_energy():
         high_frequency_energy(torch.zeros(3, 16, 16))
 
 
-def test_auto_steps_default_table_orders_tiers():
-    auto = AutoSteps(["a simple flat circle", "a textured checkered square"], min_steps=8, max_steps=30)
-    x0 = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0))
-    simple, detailed = auto.choose(x0)
-    assert simple.steps < detailed.steps
-    assert 8 <= simple.steps <= 30 and 8 <= detailed.steps <= 30
-    assert "clamped to [8, 30]" in simple.reason
+def test_auto_steps_table_lookup_and_clamping():
+    table = {
+        "tiers": {"simple": [[0.2, 8], [1.0, 12]], "neutral": [[1.0, 16]], "detailed": [[0.2, 14], [1.0, 40]]}
+    }
+    auto = AutoSteps(
+        ["a simple flat circle", "a textured checkered square"], min_steps=8, max_steps=30, table=table
+    )
+    yy, xx = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
+    smooth = torch.sin(2 * math.pi * xx / 16).expand(1, 4, 16, 16)
+    checker = ((xx + yy) % 2 * 2 - 1).expand(1, 4, 16, 16)
+    simple_smooth, detailed_checker = auto.choose(torch.cat([smooth, checker]))
+    assert simple_smooth.steps == 8 and detailed_checker.steps == 30  # 40 clamped to max_steps
+    assert "clamped to [8, 30]" in detailed_checker.reason and "tier 'detailed'" in detailed_checker.reason
+
+
+def test_committed_calibration_table_is_well_formed():
+    from fastdiff.dynamic.auto_steps_table import TABLE
+
+    assert set(TABLE["tiers"]) == {"simple", "neutral", "detailed"}
+    for rows in TABLE["tiers"].values():
+        bounds, steps = [r[0] for r in rows], [r[1] for r in rows]
+        assert bounds == sorted(bounds) and bounds[-1] >= 1.0, "energy bins ascend and cover [0, 1]"
+        assert steps == sorted(steps), "more high-frequency energy never gets fewer steps"
+        assert all(1 <= n <= 50 for n in steps)
+    assert TABLE["meta"]["psnr_target_db"] >= 28
 
 
 def test_draft_and_refine_renoises_only_x0():

