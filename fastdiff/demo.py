@@ -154,13 +154,18 @@ def _grid(rows: list[tuple[str, np.ndarray]], prompts: list[str], scale: int = 2
     from PIL import Image, ImageDraw
 
     size = rows[0][1].shape[1] * scale
-    label_w, head_h = 170, 34
+    label_w, head_h = 170, 48
     grid = Image.new("RGB", (label_w + size * len(prompts), head_h + size * len(rows)), "white")
     draw = ImageDraw.Draw(grid)
     for j, p in enumerate(prompts):
         words = p.split()
-        draw.text((label_w + j * size + 2, 2), " ".join(words[:4]), fill="black")
-        draw.text((label_w + j * size + 2, 16), " ".join(words[4:]), fill="black")
+        third = max(1, -(-len(words) // 3))
+        for k in range(3):  # the prompt over three lines so it fits its column
+            draw.text(
+                (label_w + j * size + 2, 2 + 14 * k),
+                " ".join(words[k * third : (k + 1) * third]),
+                fill="black",
+            )
     for i, (label, imgs) in enumerate(rows):
         y = head_h + i * size
         for k, line in enumerate(label.split("\n")):
