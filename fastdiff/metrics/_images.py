@@ -28,7 +28,10 @@ def to_nchw(images) -> torch.Tensor:
             arr = arr[None]
         if arr.ndim != 4:
             raise ValueError(f"numpy images must be HW, HWC or NHWC, got shape {images.shape}")
-        t = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)
+        arr = np.ascontiguousarray(arr)
+        if not arr.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
+            arr = arr.copy()
+        t = torch.from_numpy(arr).permute(0, 3, 1, 2)
     elif isinstance(images, torch.Tensor):
         t = images.detach().cpu()
         if t.ndim == 3:
