@@ -52,6 +52,7 @@ EARLY_STOP_GRID = [
     (0.01, 2, 0.3),
 ]
 EARLY_STOP_GRID_TINY = [(0.05, 2, 1.0), (0.02, 2, 1.0), (0.01, 2, 1.0)]
+DRAFT_STRENGTHS = [0.3, 0.5, 0.7]
 FIXED_GRID = [10, 15, 20, 30]
 CALIBRATION_STEPS = [8, 10, 12, 15, 20, 25, 30]
 CALIBRATION_PSNR = 30.0  # dB; 2 dB of margin over the 28 dB goal for prompts outside the calibration set
@@ -148,7 +149,7 @@ def _images(out) -> torch.Tensor:
     return torch.from_numpy(out.images).permute(0, 3, 1, 2).float()
 
 
-def tiny_benchmark(n: int, guidance: float, batch: int) -> tuple[list[dict], dict]:
+def tiny_benchmark(n: int, guidance: float, batch: int, only=()) -> tuple[list[dict], dict]:
     from fastdiff.metrics import score, ssim
 
     pipe = load_tiny("base")
@@ -183,9 +184,12 @@ def tiny_benchmark(n: int, guidance: float, batch: int) -> tuple[list[dict], dic
         )
     methods["auto"] = dict(steps="auto")
     if lcm is not None:
-        methods["LCM draft 4 + refine 30% of 30"] = dict(
-            steps="quality", draft={"model": lcm, "strength": 0.3, "steps": 4}
-        )
+        for strength in DRAFT_STRENGTHS:
+            methods[f"LCM draft 4 + refine {strength:.0%} of 30"] = dict(
+                steps="quality", draft={"model": lcm, "strength": strength, "steps": 4}
+            )
+    if only:
+        methods = {k: v for k, v in methods.items() if k.startswith("fixed 30") or any(o in k for o in only)}
     results = {name: run(**kw) for name, kw in methods.items()}
     ref_images, _, _, ref_seconds, _ = results["fixed 30 (quality)"]
     rows, auto_detail = [], {}
@@ -313,6 +317,7 @@ def main():
     ap.add_argument("--calibrate", action="store_true", help="re-measure the auto-steps table first")
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--name", default="dynamic_steps")
+    ap.add_argument("--only", nargs="*", default=(), help="tiny methods whose name contains any of these")
     args = ap.parse_args()
     torch.manual_seed(0)
     rows, notes = [], []
@@ -338,7 +343,7 @@ def main():
     if args.part in ("tiny", "all"):
         try:
             n = 8 if args.small else 48
-            tiny_rows, auto_detail = tiny_benchmark(n, args.guidance, batch=16)
+            tiny_rows, auto_detail = tiny_benchmark(n, args.guidance, batch=16, only=args.only)
             rows += tiny_rows
             weights = os.environ.get("FASTDIFF_TINY_WEIGHTS") or "shipped fastdiff/tiny/weights"
             notes.append(
