@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
+
+# Before torch loads: OpenMP threads that spin-wait make shared or
+# oversubscribed CPUs (laptops running other work, CI runners) many times
+# slower. Users can still set their own policy.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def collect_info() -> dict:

@@ -7,7 +7,11 @@ kernel modules are imported. On a CUDA machine the real kernels run.
 
 import os
 
-import torch
+# PyTorch's OpenMP threads otherwise spin-wait; where processes share the two
+# cores (pytest plus a notebook kernel, say) that made generation ~50x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
