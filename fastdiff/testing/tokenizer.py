@@ -3,8 +3,11 @@
 CLIP's tokenizer is byte-level BPE: a word is split into characters (the last
 one suffixed with ``</w>``) and merged pair by pair following ``merges.txt``.
 Adding, for each known word, the chain of left-to-right merges that rebuilds
-it makes that word a single token; unknown words still tokenize into
-characters, so any prompt is accepted.
+it usually makes that word a single token; unknown words still tokenize into
+characters, so any prompt is accepted. BPE applies the best-ranked merge
+anywhere in a word, so one word's chain can split another ("p l" from "plain"
+splits "purple"); `fastdiff.tiny.models.build_tokenizer` re-ranks the merges
+where every word must stay whole. Random-weight test pipelines do not care.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def _byte_alphabet() -> list[str]:
 
 
 def build_clip_tokenizer(words=(), save_dir: str | None = None, model_max_length: int = 77) -> CLIPTokenizer:
-    """Return a `CLIPTokenizer` whose vocabulary holds every byte plus `words` as whole tokens.
+    """Return a `CLIPTokenizer` whose vocabulary holds every byte plus `words` (see the module note).
 
     Args:
         words: lower-case words to make single tokens (e.g. a prompt grammar's vocabulary).
