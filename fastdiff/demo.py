@@ -118,17 +118,35 @@ def _baseline(ctx: DemoContext) -> np.ndarray:
 
 def _fast_sampler(name: str, steps: int, schedule: str):
     def fn(ctx: DemoContext) -> np.ndarray:
+        from fastdiff.samplers import make_scheduler
+
         pipe = ctx.pipe("base")
-        try:
-            from fastdiff.samplers import make_scheduler
-
-            pipe.scheduler = make_scheduler(name, like=pipe.scheduler, schedule=schedule)
-        except ImportError:  # samplers package unavailable: same algorithm from diffusers
-            from diffusers import DPMSolverMultistepScheduler, UniPCMultistepScheduler
-
-            cls = UniPCMultistepScheduler if name == "unipc" else DPMSolverMultistepScheduler
-            pipe.scheduler = cls.from_config(pipe.scheduler.config, use_karras_sigmas=schedule == "karras")
+        pipe.scheduler = make_scheduler(name, like=pipe.scheduler, schedule=schedule)
         return ctx.run(pipe, steps)
+
+    return fn
+
+
+def _dynamic(**options):
+    """A row run through fastdiff's drop-in pipeline with dynamic-step keywords."""
+
+    def fn(ctx: DemoContext) -> np.ndarray:
+        from fastdiff.pipelines import StableDiffusionPipeline
+
+        pipe = StableDiffusionPipeline.from_pipe(ctx.pipe("base"))  # shares the counted U-Net
+        opts = dict(options)
+        if ctx.quick and opts.get("steps") == "quality":
+            opts["steps"] = "fast"
+        if "draft" in opts:
+            opts["draft"] = {**opts["draft"], "model": ctx.pipe("lcm")}
+        out = pipe(
+            ctx.prompts,
+            guidance_scale=ctx.guidance_scale,
+            generator=ctx.generators(),
+            output_type="np",
+            **opts,
+        )
+        return (out.images * 255).round().astype(np.uint8)
 
     return fn
 
@@ -145,6 +163,21 @@ register_config(
 )
 register_config("unipc-8", "fastdiff UniPC, 8 steps, Karras schedule", _fast_sampler("unipc", 8, "karras"))
 register_config("lcm-draft", "LCM-distilled student, 4 steps (guidance is a U-Net input)", _lcm_draft)
+register_config(
+    "early-stop",
+    "DPM-Solver++(2M) 30 steps, per-image early stop (x0 change < 1% twice, sigma <= 1)",
+    _dynamic(steps="quality", early_stop=True),
+)
+register_config(
+    "auto-steps",
+    "steps='auto': prompt keywords + 2-step probe -> calibrated steps per image",
+    _dynamic(steps="auto"),
+)
+register_config(
+    "lcm-draft+refine",
+    "LCM 4 steps, x0 re-noised to 50%, last 15 of 30 DPM-Solver++(2M) steps",
+    _dynamic(steps="quality", draft={"strength": 0.5, "steps": 4}),
+)
 
 
 # ----------------------------------------------------------------------------- report
