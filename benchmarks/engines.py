@@ -78,7 +78,8 @@ def make_pipeline(model: str):
         elif model != "sd15-full":
             raise SystemExit(f"unknown --model {model!r}; valid: tiny, sd15-full, sd15-half")
         side = 256
-    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    if model != "tiny":  # the tiny model keeps its reference scheduler
+        pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     return pipe, side
 
@@ -105,6 +106,7 @@ def main(argv=None):
     p.add_argument("--levels", default="conv,conv+ffn,conv+ffn+qkv,all")
     p.add_argument("--methods", default="percentile")
     p.add_argument("--act-types", default="uint8", help="activation int8 types to try: uint8,int8")
+    p.add_argument("--guidance", type=float, default=7.5)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sensitivity", action="store_true", help="also run the per-category sensitivity sweep")
     p.add_argument("--e2e", action="store_true", help="end-to-end pipeline time and attribute accuracy")
@@ -123,15 +125,25 @@ def main(argv=None):
     log = lambda *a: print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
     t0 = time.perf_counter()
-    calib = calibrate(
-        pipe, _prompts(args.calib_prompts), args.steps, guidance_scale=7.5, height=side, width=side
-    )
+    if args.model == "tiny":  # calibrate on training-split prompts; e2e evaluates held-out ones
+        from fastdiff.tiny.data import sample_attributes
+
+        prompts = [a.prompt for a in sample_attributes(args.calib_prompts, seed=0, split="train")]
+    else:
+        prompts = _prompts(args.calib_prompts)
+    calib = calibrate(pipe, prompts, args.steps, guidance_scale=args.guidance, height=side, width=side)
     calib_s = time.perf_counter() - t0
     fit, held = calib.split(4)
     log(f"calibration: {len(calib)} records in {calib_s:.0f}s; {len(fit)} fit, {len(held)} held back")
 
     t0 = time.perf_counter()
-    fp32_path = export_onnx(unet, work / "unet.onnx", sample_shape=tuple(held.records[0]["sample"].shape))
+    first = held.records[0]
+    fp32_path = export_onnx(
+        unet,
+        work / "unet.onnx",
+        sample_shape=tuple(first["sample"].shape),
+        sequence_length=first["encoder_hidden_states"].shape[1],
+    )
     export_s = time.perf_counter() - t0
     log(f"export {export_s:.0f}s")
 
@@ -188,7 +200,8 @@ def main(argv=None):
     notes = [
         f"Model: {args.model} U-Net ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f} M params), "
         f"one step = batch 2 (CFG pair) at {side}x{side} px, latent {tuple(record['sample'].shape)}.",
-        f"Calibration: {args.calib_prompts} prompts x {args.steps} DDIM steps, guidance 7.5 = {len(calib)} "
+        f"Calibration: {args.calib_prompts} prompts x {args.steps} {type(pipe.scheduler).__name__} steps, "
+        f"guidance {args.guidance} = {len(calib)} "
         f"recorded U-Net calls; every 4th held back for quality ({len(held)}), the rest calibrate ({len(fit)}).",
         f"Timing: median of {args.reps} round-robin repetitions after 1 warm-up, all variants in one process.",
         "int8: ONNX Runtime quantize_static QDQ, per-channel symmetric int8 weights, per-tensor activations "
