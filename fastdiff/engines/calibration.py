@@ -226,7 +226,7 @@ def calibrate(
 
 
 def synthetic_inputs(
-    unet, num: int = 4, batch: int = 2, height=None, width=None, seed: int = 0
+    unet, num: int = 4, batch: int = 2, height=None, width=None, seed: int = 0, sequence_length: int = 77
 ) -> CalibrationData:
     """Random inputs spread over timesteps, for quality checks when no calibration data is given.
 
@@ -239,7 +239,7 @@ def synthetic_inputs(
     gen = torch.Generator().manual_seed(seed)
     records = []
     for i in range(num):
-        r = sig.example_inputs(batch, h, w, generator=gen)
+        r = sig.example_inputs(batch, h, w, sequence_length, generator=gen)
         r["timestep"] = torch.full((batch,), float(round(999 * (i + 0.5) / num)))
         records.append(r)
     return CalibrationData(records, {"synthetic": True, "input_names": list(sig.input_names)})

@@ -82,6 +82,7 @@ def compile_engine(
     opset: int = 17,
     dynamic: Sequence[str] = ("batch", "height", "width"),
     sample_shape: Sequence[int] | None = None,
+    sequence_length: int | None = None,
     threads: int | None = None,
     use_cache: bool = True,
     trt_batch: tuple[int, int, int] = (1, 1, 8),
@@ -105,6 +106,8 @@ def compile_engine(
             ``None`` disables a criterion.
         force: install even if the gate fails (the measured numbers are still logged).
         opset, dynamic, sample_shape: see :func:`export_onnx`.
+        sequence_length: text tokens per prompt the engine is built for; default: from the
+            calibration records, else the pipeline tokenizer's ``model_max_length``, else 77.
         threads: ONNX Runtime intra-op threads (default: all cores).
         use_cache: reuse/store engines in the cache; ``False`` builds in a temporary directory.
         trt_batch, trt_image_px: TensorRT optimisation profile (prompts, pixels) as (min, opt, max).
@@ -151,8 +154,15 @@ def compile_engine(
         held = calibration
     if quality_inputs is not None:
         held = quality_inputs
+    if sequence_length is None:
+        records = (calibration or quality_inputs or CalibrationData([])).records
+        if records:
+            sequence_length = int(records[0]["encoder_hidden_states"].shape[1])
+        else:
+            sequence_length = int(getattr(getattr(pipe, "tokenizer", None), "model_max_length", 77) or 77)
+            sequence_length = sequence_length if sequence_length <= 4096 else 77  # "unlimited" sentinel
     if held is None:
-        held = synthetic_inputs(unet, num=2, batch=2)
+        held = synthetic_inputs(unet, num=2, batch=2, sequence_length=sequence_length)
 
     parts = {
         "weights": weights_fingerprint(unet),
@@ -162,6 +172,7 @@ def compile_engine(
         "opset": opset,
         "dynamic": list(dynamic),
         "sample_shape": list(sample_shape) if sample_shape else None,
+        "sequence_length": sequence_length,
         "versions": library_versions(backend),
     }
     if precision == "int8":
@@ -199,6 +210,7 @@ def compile_engine(
                 opset=opset,
                 dynamic=dynamic,
                 sample_shape=sample_shape,
+                sequence_length=sequence_length,
                 level=level,
                 method=method,
                 exclude=exclude,
@@ -298,6 +310,7 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
             opset=opts["opset"],
             dynamic=opts["dynamic"],
             sample_shape=opts["sample_shape"],
+            sequence_length=opts["sequence_length"],
             dtype=onnx_dtype,
         )
         model_path = fp_path
@@ -320,7 +333,11 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
             from . import runtime_trt
 
             shapes = runtime_trt.profile_shapes(
-                signature, batch=opts["trt_batch"], image_px=opts["trt_image_px"], cfg=True
+                signature,
+                batch=opts["trt_batch"],
+                image_px=opts["trt_image_px"],
+                cfg=True,
+                sequence_length=opts["sequence_length"],
             )
             runtime_trt.build_engine(
                 model_path,
