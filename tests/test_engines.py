@@ -466,3 +466,15 @@ def test_tensorrt_profile_shapes(pipe, onnx_path):
         tensorrt_profile_shapes(sig, batch=(2, 1, 4))
     with pytest.raises(ValueError, match="image_px"):
         tensorrt_profile_shapes(sig, image_px=(250, 512, 1024))
+
+
+def test_layer_sensitivity_ranks_groups(onnx_path, calib):
+    from fastdiff.engines import layer_sensitivity
+
+    fit, held = calib.split(4)
+    result = layer_sensitivity(onnx_path, fit, held.subset(1), method="minmax", max_calibration_records=4)
+    groups = {r["group"] for r in result}
+    assert {"conv", "qkv", "ffn"} <= groups and not groups & {"attention", "conv_in", "conv_out"}
+    snrs = [r["snr_db"] for r in result]
+    assert snrs == sorted(snrs) and all(15 < s < 120 for s in snrs)
+    assert all(r["num_nodes"] > 0 for r in result)
