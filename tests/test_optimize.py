@@ -99,10 +99,15 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_optimize_is_idempotent():
     pipe = tiny_pipeline("sd15")
+
+    def summary():
+        # live per-shape plan details (timings, "measured" vs "plan cache") may differ between calls
+        return [(p.name, p.status, p.changed, p.skipped) for p in fastdiff.report(pipe).passes]
+
     fastdiff.optimize(pipe, attention="math")
-    first = str(fastdiff.report(pipe))
+    first = summary()
     fastdiff.optimize(pipe, attention="math")
-    assert str(fastdiff.report(pipe)) == first
+    assert summary() == first
     procs = {type(p).__name__ for p in pipe.unet.attn_processors.values()}
     assert procs == {"FastdiffAttnProcessor"}
     fastdiff.restore(pipe)
