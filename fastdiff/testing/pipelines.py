@@ -31,22 +31,21 @@ ARCHS = ("sd15", "sd21", "sdxl")
 SIZES = ("tiny", "full")
 
 # Published UNet configurations (the `unet/config.json` of each model family).
+_SD15_FULL = dict(
+    sample_size=64,
+    block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+    layers_per_block=2,
+    cross_attention_dim=768,
+    attention_head_dim=8,
+)
 _FULL_UNETS = {
-    "sd15": dict(
-        sample_size=64,
-        block_out_channels=(320, 640, 1280, 1280),
-        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-        layers_per_block=2,
-        cross_attention_dim=768,
-        attention_head_dim=8,
-    ),
+    "sd15": _SD15_FULL,
+    # SD2.x: same layout, OpenCLIP-H context, per-level head counts, linear projections
     "sd21": dict(
+        _SD15_FULL,
         sample_size=96,
-        block_out_channels=(320, 640, 1280, 1280),
-        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-        layers_per_block=2,
         cross_attention_dim=1024,
         attention_head_dim=(5, 10, 20, 20),
         use_linear_projection=True,
@@ -68,28 +67,19 @@ _FULL_UNETS = {
 }
 
 # Small variants that keep every block type of their family.
+_SD15_TINY = dict(
+    sample_size=16,
+    block_out_channels=(32, 64),
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    layers_per_block=1,
+    cross_attention_dim=32,
+    attention_head_dim=8,
+    norm_num_groups=8,
+)
 _TINY_UNETS = {
-    "sd15": dict(
-        sample_size=16,
-        block_out_channels=(32, 64),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        layers_per_block=1,
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=8,
-    ),
-    "sd21": dict(
-        sample_size=16,
-        block_out_channels=(32, 64),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        layers_per_block=1,
-        cross_attention_dim=32,
-        attention_head_dim=(2, 4),
-        use_linear_projection=True,
-        norm_num_groups=8,
-    ),
+    "sd15": _SD15_TINY,
+    "sd21": dict(_SD15_TINY, attention_head_dim=(2, 4), use_linear_projection=True),
     "sdxl": dict(
         sample_size=16,
         block_out_channels=(32, 64),
