@@ -35,21 +35,29 @@ def _check(backend, x, num_groups, weight, bias):
         raise TypeError(f"x dtype must be one of float32/float16/bfloat16, got {x.dtype}")
 
 
-def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-5, *, backend="auto", plan_cache_dir=None):
-    """SiLU(GroupNorm(x)) with fp32 statistics; NCHW or channels_last; fp32/fp16/bf16."""
-    _check(backend, x, num_groups, weight, bias)
-    ref = lambda: F.silu(F.group_norm(x, num_groups, weight, bias, eps))
-    fast = lambda: group_norm_silu_triton(x, num_groups, weight, bias, eps)
+def _run(backend, x, key, ref, fast, plan_cache_dir):
+    """Run the reference or the Triton path: forced by ``backend``, else the measured per-shape winner.
+
+    "auto" keeps the reference where Triton does not run compiled or where gradients are needed.
+    """
     if backend == "torch":
         return ref()
     if backend == "triton":
         return fast()
     if not triton_native(x.device) or (torch.is_grad_enabled() and x.requires_grad):
         return ref()
-    n, c, h, w = x.shape
-    key = f"gn_silu|n{n}|c{c}|g{num_groups}|h{h}|w{w}|{str(x.dtype)[6:]}|{layout_tag(x)}"
     choice, _ = dispatch.choose(key, {dispatch.NATIVE: ref, "triton": fast}, x.device, plan_cache_dir)
     return fast() if choice == "triton" else ref()
+
+
+def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-5, *, backend="auto", plan_cache_dir=None):
+    """SiLU(GroupNorm(x)) with fp32 statistics; NCHW or channels_last; fp32/fp16/bf16."""
+    _check(backend, x, num_groups, weight, bias)
+    ref = lambda: F.silu(F.group_norm(x, num_groups, weight, bias, eps))
+    fast = lambda: group_norm_silu_triton(x, num_groups, weight, bias, eps)
+    n, c, h, w = x.shape
+    key = f"gn_silu|n{n}|c{c}|g{num_groups}|h{h}|w{w}|{str(x.dtype)[6:]}|{layout_tag(x)}"
+    return _run(backend, x, key, ref, fast, plan_cache_dir)
 
 
 def group_norm_silu_conv3x3(
@@ -73,16 +81,9 @@ def group_norm_silu_conv3x3(
     fast = lambda: group_norm_silu_conv3x3_triton(
         x, num_groups, gn_weight, gn_bias, eps, transform_weight(conv_weight, x.dtype), conv_bias
     )
-    if backend == "torch":
-        return ref()
-    if backend == "triton":
-        return fast()
-    if not triton_native(x.device) or (torch.is_grad_enabled() and x.requires_grad):
-        return ref()
     n, c, h, w = x.shape
     key = (
         f"gn_silu_conv3x3|n{n}|c{c}|g{num_groups}|k{conv_weight.shape[0]}|h{h}|w{w}|"
         f"{str(x.dtype)[6:]}|{layout_tag(x)}|bias{int(conv_bias is not None)}"
     )
-    choice, _ = dispatch.choose(key, {dispatch.NATIVE: ref, "triton": fast}, x.device, plan_cache_dir)
-    return fast() if choice == "triton" else ref()
+    return _run(backend, x, key, ref, fast, plan_cache_dir)
