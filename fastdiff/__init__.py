@@ -6,46 +6,66 @@ Two levers that multiply:
   GroupNorm+SiLU Triton kernels, attention backends) and :func:`compile_engine`
   (ONNX Runtime / TensorRT, with INT8 calibration);
 * fewer U-Net evaluations: :func:`make_scheduler` (DDIM, DPM-Solver++, UniPC,
-  LCM) and dynamic step control (:mod:`fastdiff.dynamic`, :func:`sample`).
+  LCM) and dynamic step control (:func:`sample` with :class:`EarlyStop`, the
+  drop-in pipelines).
 
-Samplers, dynamic control, pipelines and engines load lazily on first use.
+Everything loads on first use: ``import fastdiff`` imports neither torch nor
+diffusers, and ``fastdiff.tiny``, ``fastdiff.engines`` and the other
+subpackages are reachable as attributes without importing them first.
 """
 
 from __future__ import annotations
 
-import importlib
+from fastdiff import _lazy
 
 __version__ = "0.1.0"
 
-# Imported eagerly: the subpackage fastdiff.optimize shares its name with the
-# function, and importing the subpackage would otherwise bind the module to
-# `fastdiff.optimize`. After this line the name is the function for good.
-from fastdiff.optimize import OptimizeConfig, optimize, report, restore  # noqa: E402
-
 # public name -> module that defines it
-_LAZY = {
+_EXPORTS = {
+    # cheaper evaluations
+    "optimize": "fastdiff.optimize.core",
+    "report": "fastdiff.optimize.core",
+    "restore": "fastdiff.optimize.core",
+    "OptimizeConfig": "fastdiff.optimize.config",
+    "compile_engine": "fastdiff.engines",
+    "calibrate": "fastdiff.engines",
+    # fewer evaluations
     "make_scheduler": "fastdiff.samplers",
     "FastScheduler": "fastdiff.samplers",
     "fit_schedule": "fastdiff.samplers",
     "sample": "fastdiff.dynamic",
     "SampleResult": "fastdiff.dynamic",
+    "EarlyStop": "fastdiff.dynamic",
+    "AutoSteps": "fastdiff.dynamic",
+    # drop-in pipelines
     "StableDiffusionPipeline": "fastdiff.pipelines",
     "StableDiffusionImg2ImgPipeline": "fastdiff.pipelines",
     "StableDiffusionXLPipeline": "fastdiff.pipelines",
     "StableDiffusionXLImg2ImgPipeline": "fastdiff.pipelines",
-    "compile_engine": "fastdiff.engines",
 }
 
-__all__ = ["__version__", "OptimizeConfig", "optimize", "report", "restore", *_LAZY]
+_SUBMODULES = (
+    "dynamic",
+    "engines",
+    "installed",
+    "kernels",
+    "metrics",
+    "nn",
+    "ops",
+    "pipelines",
+    "samplers",
+    "testing",
+    "tiny",
+)
 
+__all__ = ["__version__", *_EXPORTS]
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fastdiff' has no attribute {name!r}")
+# The subpackage fastdiff.optimize shares its name with the function. Import
+# the (light) package now so that no later submodule import rebinds
+# `fastdiff.optimize` to the module, then drop the module binding so the name
+# resolves to the function through __getattr__.
+import fastdiff.optimize  # noqa: E402, F401
 
+del optimize  # noqa: F821 - bound by the import system just above
 
-def __dir__():
-    return sorted(__all__)
+__getattr__, __dir__ = _lazy.attach(__name__, globals(), _EXPORTS, _SUBMODULES)

@@ -160,11 +160,10 @@ def test_verification_rolls_back_a_wrong_pass(monkeypatch):
 
     core = importlib.import_module("fastdiff.optimize.core")  # `fastdiff.optimize` is the function
 
-    class Corrupting:
-        name = "corrupt"
+    from fastdiff.optimize.passes import Pass
 
-        def enabled(self, config):
-            return True
+    class Corrupting(Pass):
+        name = "corrupt"
 
         def apply(self, unet, config, ctx):
             conv = unet.conv_out

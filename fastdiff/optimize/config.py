@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
+from numbers import Real
 
-from fastdiff.ops.attention import BACKENDS as ATTENTION_BACKENDS
+# Keys of OptimizeConfig.extra and the values each accepts.
+EXTRA_OPTIONS = {
+    "winograd_backend": ("auto", "triton", "torch"),
+    "fuse_norm_act_backend": ("auto", "triton", "torch"),
+}
 
 
 @dataclass
@@ -51,18 +58,55 @@ class OptimizeConfig:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.winograd not in ("auto", True, False):
-            raise ValueError(f"winograd must be 'auto', True or False, got {self.winograd!r}")
-        if not isinstance(self.fuse_norm_act, bool):
-            raise ValueError(f"fuse_norm_act must be True or False, got {self.fuse_norm_act!r}")
+        from fastdiff.ops.attention import BACKENDS as ATTENTION_BACKENDS  # light; ops load on first use
+
+        def bool_or_auto(name):
+            value = getattr(self, name)
+            if not (value == "auto" and isinstance(value, str)) and not isinstance(value, bool):
+                raise ValueError(f"{name} must be 'auto', True or False, got {value!r}")
+
+        bool_or_auto("winograd")
+        bool_or_auto("channels_last")
+        for name in ("fuse_norm_act", "verify"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention must be one of {', '.join(ATTENTION_BACKENDS)}; got {self.attention!r}"
             )
-        if self.channels_last not in ("auto", True, False):
-            raise ValueError(f"channels_last must be 'auto', True or False, got {self.channels_last!r}")
-        if self.tolerance is not None and not self.tolerance > 0:
-            raise ValueError(f"tolerance must be a positive float, got {self.tolerance!r}")
+        tol = self.tolerance
+        if tol is not None and (
+            isinstance(tol, bool) or not isinstance(tol, Real) or not math.isfinite(tol) or tol <= 0
+        ):
+            raise ValueError(f"tolerance must be a positive finite number or None, got {tol!r}")
+        if self.plan_cache_dir is not None and not isinstance(self.plan_cache_dir, (str, os.PathLike)):
+            raise ValueError(f"plan_cache_dir must be a path or None, got {self.plan_cache_dir!r}")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"extra must be a dict, got {self.extra!r}")
+        for key, value in self.extra.items():
+            if key not in EXTRA_OPTIONS:
+                raise ValueError(
+                    f"unknown key {key!r} in extra; valid keys: {', '.join(sorted(EXTRA_OPTIONS))}"
+                )
+            if value not in EXTRA_OPTIONS[key]:
+                raise ValueError(
+                    f"extra[{key!r}] must be one of {', '.join(map(repr, EXTRA_OPTIONS[key]))}; got {value!r}"
+                )
+
+    @classmethod
+    def coerce(cls, config) -> OptimizeConfig:
+        """``config`` as an OptimizeConfig: None gives the defaults, anything else must already be one."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        hint = (
+            " (pass its entries as keywords: optimize(pipe, **options))" if isinstance(config, dict) else ""
+        )
+        raise TypeError(
+            f"config must be a fastdiff.OptimizeConfig or None, got {type(config).__name__} {config!r}{hint}"
+        )
 
     @classmethod
     def field_names(cls) -> list[str]:

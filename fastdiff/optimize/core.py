@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from diffusers import UNet2DConditionModel
 
+from fastdiff import installed
 from fastdiff.optimize.config import OptimizeConfig
 from fastdiff.optimize.context import PassContext
 from fastdiff.optimize.passes import default_passes
@@ -31,20 +32,25 @@ class _State:
     report: OptimizeReport = field(default_factory=OptimizeReport)
 
 
-def _resolve_unet(obj) -> UNet2DConditionModel:
+def _resolve_unet(obj, action: str = "optimize") -> UNet2DConditionModel:
     if isinstance(obj, UNet2DConditionModel):
         return obj
-    unet = getattr(obj, "unet", None)
+    if not hasattr(obj, "unet"):
+        raise TypeError(
+            f"fastdiff.{action} supports a diffusers UNet2DConditionModel or a pipeline with a `unet` "
+            f"(StableDiffusionPipeline, StableDiffusionXLPipeline, their img2img/ControlNet/LCM variants); "
+            f"got {type(obj).__name__}"
+        )
+    unet = obj.unet
     if isinstance(unet, UNet2DConditionModel):
         return unet
-    if unet is not None and hasattr(unet, "fastdiff_original_unet"):
+    if installed.find(obj, "engine") is not None or hasattr(unet, "fastdiff_original_unet"):
         raise TypeError(
-            "this pipeline's unet is a compiled fastdiff engine; call fastdiff.restore(pipe) before optimize"
+            f"this pipeline's unet is a compiled fastdiff engine; call fastdiff.restore(pipe) before {action}"
         )
     raise TypeError(
-        f"fastdiff.optimize supports a diffusers UNet2DConditionModel or a pipeline with a `unet` "
-        f"(StableDiffusionPipeline, StableDiffusionXLPipeline, their img2img/ControlNet/LCM variants); "
-        f"got {type(obj).__name__}"
+        f"fastdiff.{action} needs pipe.unet to be a diffusers UNet2DConditionModel; "
+        f"this {type(obj).__name__}'s unet is a {type(unet).__name__}"
     )
 
 
@@ -72,18 +78,30 @@ def optimize(obj, config: OptimizeConfig | None = None, **overrides):
     Returns:
         ``obj``, optimised. Calling ``optimize`` again first restores, so it is
         idempotent. See :func:`report` for what changed and :func:`restore` to
-        undo.
+        undo. Every argument is checked, and every forced backend is checked
+        against this device, before anything changes: a failed call leaves
+        ``obj`` as it was, including an earlier optimisation.
     """
     unet = _resolve_unet(obj)
-    config = (config or OptimizeConfig()).replace(**overrides)
-    if getattr(unet, _STATE, None) is not None:
-        _restore_unet(unet)
-
+    config = OptimizeConfig.coerce(config).replace(**overrides)
     passes = default_passes()
     for p in passes:  # fail on impossible requests before any module changes
-        if hasattr(p, "check") and p.enabled(config) is True:
+        if p.disabled_reason(config) is None:
             p.check(unet, config)
 
+    previous = getattr(unet, _STATE, None)
+    if previous is not None:
+        installed.undo_all(unet, "optimize")
+    try:
+        _apply(unet, config, passes)
+    except Exception:
+        if previous is not None:  # put the earlier optimisation back, as promised above
+            _apply(unet, previous.report.config, default_passes())
+        raise
+    return obj
+
+
+def _apply(unet, config: OptimizeConfig, passes) -> None:
     param = next(unet.parameters())
     tolerance = config.tolerance or _TOLERANCE.get(param.dtype, 1e-2)
     probe = ref = None
@@ -95,9 +113,9 @@ def optimize(obj, config: OptimizeConfig | None = None, **overrides):
     state = _State(report=OptimizeReport(config=config))
     try:
         for p in passes:
-            enabled = p.enabled(config)
-            if enabled is not True:
-                state.report.passes.append(PassReport(p.name, "disabled", reason=str(enabled or "disabled")))
+            why_not = p.disabled_reason(config)
+            if why_not is not None:
+                state.report.passes.append(PassReport(p.name, "disabled", reason=why_not))
                 continue
             ctx = PassContext(unet, p.name)
             try:
@@ -112,6 +130,8 @@ def optimize(obj, config: OptimizeConfig | None = None, **overrides):
                 skipped=ctx.skipped,
                 details=ctx.details,
             )
+            if ctx.changed and not config.verify:
+                rep.reason = "not verified (verify=False)"
             if config.verify and ctx.changed:
                 rep.verification = _compare(_run_probe(unet, probe), ref, tolerance, probe_desc)
                 if not rep.verification.passed:
@@ -128,34 +148,34 @@ def optimize(obj, config: OptimizeConfig | None = None, **overrides):
             ctx.undo()
         raise
     setattr(unet, _STATE, state)
-    return obj
 
+    def undo():
+        for ctx in reversed(state.contexts):
+            ctx.undo()
+        delattr(unet, _STATE)
 
-def _restore_unet(unet) -> None:
-    state = getattr(unet, _STATE, None)
-    if state is None:
-        return
-    for ctx in reversed(state.contexts):
-        ctx.undo()
-    delattr(unet, _STATE)
+    installed.record(unet, "optimize", undo)
 
 
 def restore(obj):
-    """Undo :func:`optimize` (and :func:`fastdiff.compile_engine`): the original modules come back.
+    """Undo everything fastdiff installed on ``obj``: optimize passes, an engine, a step cache.
 
+    Installations are undone newest first (see :mod:`fastdiff.installed`).
     Parameters were shared, never copied, so outputs afterwards are
-    bit-identical to those before ``optimize``. Returns ``obj``.
+    bit-identical to those before. Returns ``obj``.
     """
-    engine = getattr(obj, "unet", None)
-    original = getattr(engine, "fastdiff_original_unet", None)
-    if original is not None:
+    if not isinstance(obj, UNet2DConditionModel) and not hasattr(obj, "unet"):
+        raise TypeError(
+            f"fastdiff.restore supports a UNet2DConditionModel or a pipeline with a `unet`; got {type(obj).__name__}"
+        )
+    installed.undo_all(obj)
+    original = getattr(getattr(obj, "unet", None), "fastdiff_original_unet", None)
+    if original is not None:  # TODO(#10, merge of the engines branch): engines record themselves
         obj.unet = original
-    if isinstance(obj, UNet2DConditionModel) or isinstance(getattr(obj, "unet", None), UNet2DConditionModel):
-        _restore_unet(_resolve_unet(obj))
-        return obj
-    raise TypeError(
-        f"fastdiff.restore supports a UNet2DConditionModel or a pipeline with a `unet`; got {type(obj).__name__}"
-    )
+    unet = getattr(obj, "unet", obj)
+    if isinstance(unet, torch.nn.Module):
+        installed.undo_all(unet)
+    return obj
 
 
 def report(obj) -> OptimizeReport:
@@ -164,7 +184,7 @@ def report(obj) -> OptimizeReport:
     Layers with measured dispatch plans (Winograd "auto") show their live
     per-shape choices, which fill in as new shapes are seen.
     """
-    unet = _resolve_unet(obj)
+    unet = _resolve_unet(obj, "report")
     state = getattr(unet, _STATE, None)
     if state is None:
         return OptimizeReport(

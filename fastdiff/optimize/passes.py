@@ -1,12 +1,12 @@
-"""The built-in optimisation passes and their order.
+"""The optimisation pass protocol, the built-in passes and their order.
 
-A pass is any object with ``name``, ``enabled(config) -> bool | str`` (a
-string is the reason it is disabled) and ``apply(unet, config, ctx)``. The
-kernel passes (Winograd, fused GroupNorm+SiLU) live in
-:mod:`fastdiff.optimize.passes_kernels`.
+A pass subclasses :class:`Pass`. The kernel passes (Winograd, fused
+GroupNorm+SiLU) live in :mod:`fastdiff.optimize.passes_kernels`.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
 
 import torch
 from diffusers.models.attention_processor import Attention
@@ -15,13 +15,33 @@ from fastdiff.nn.attention import FastdiffAttnProcessor
 from fastdiff.ops.attention import AttentionBackendError, backend_status
 
 
-class AttentionPass:
+class Pass(ABC):
+    """One reversible transformation of a UNet, applied by :func:`fastdiff.optimize`.
+
+    ``optimize`` first asks every pass :meth:`disabled_reason` and
+    :meth:`check` (before any module changes), then calls :meth:`apply` with a
+    :class:`~fastdiff.optimize.context.PassContext` through which every edit
+    is made, so it can be verified, rolled back and restored.
+    """
+
+    name: str
+
+    def disabled_reason(self, config) -> str | None:
+        """None if the pass should run with ``config``, else why it does not."""
+        return None
+
+    def check(self, unet, config) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Raise before anything changes if the pass cannot run as configured."""
+
+    @abstractmethod
+    def apply(self, unet, config, ctx) -> None:
+        """Edit ``unet`` through ``ctx`` (``ctx.replace_module`` / ``ctx.record``)."""
+
+
+class AttentionPass(Pass):
     """Install :class:`FastdiffAttnProcessor` on every diffusers ``Attention`` module."""
 
     name = "attention"
-
-    def enabled(self, config):
-        return True
 
     def check(self, unet, config) -> None:
         """Fail before touching the model if a forced backend cannot run here."""
@@ -45,17 +65,17 @@ class AttentionPass:
             )
 
 
-class ChannelsLastPass:
+class ChannelsLastPass(Pass):
     """Store 4-D weights channels-last (NHWC), the layout cuDNN's fast conv kernels prefer."""
 
     name = "channels_last"
 
-    def enabled(self, config):
+    def disabled_reason(self, config):
         if config.channels_last == "auto":
             return (
-                True if torch.cuda.is_available() else "auto: enabled on CUDA only, where cuDNN prefers NHWC"
+                None if torch.cuda.is_available() else "auto: enabled on CUDA only, where cuDNN prefers NHWC"
             )
-        return True if config.channels_last else "disabled by config"
+        return None if config.channels_last else "disabled by config"
 
     def apply(self, unet, config, ctx) -> None:
         device = next(unet.parameters()).device
@@ -66,26 +86,8 @@ class ChannelsLastPass:
         ctx.record("", lambda: unet.to(memory_format=torch.contiguous_format), "weights to channels_last")
 
 
-def default_passes() -> list:
+def default_passes() -> list[Pass]:
     """Passes in application order: norm fusion first (it may absorb a conv), then Winograd, attention, layout."""
-    passes = []
-    try:
-        from fastdiff.optimize.passes_kernels import FuseNormActPass, WinogradPass
-    except ModuleNotFoundError as err:
-        if err.name != "fastdiff.optimize.passes_kernels":
-            raise
-        passes += [_Unavailable("fuse_norm_act"), _Unavailable("winograd")]
-    else:
-        passes += [FuseNormActPass(), WinogradPass()]
-    return passes + [AttentionPass(), ChannelsLastPass()]
+    from fastdiff.optimize.passes_kernels import FuseNormActPass, WinogradPass
 
-
-class _Unavailable:
-    def __init__(self, name):
-        self.name = name
-
-    def enabled(self, config):
-        return "kernel passes are not part of this build"
-
-    def apply(self, unet, config, ctx):  # pragma: no cover - never enabled
-        raise RuntimeError(self.name)
+    return [FuseNormActPass(), WinogradPass(), AttentionPass(), ChannelsLastPass()]

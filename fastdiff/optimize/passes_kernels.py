@@ -23,15 +23,16 @@ from fastdiff._compat import triton_unusable_reason, triton_usable
 from fastdiff.nn.norm_act import FusedResnetBlock2D, GroupNormSiLU, fused_resnet_ineligible_reason
 from fastdiff.nn.winograd import WinogradConv2d, winograd_ineligible_reason
 from fastdiff.ops.conv import triton_native
+from fastdiff.optimize.passes import Pass
 
 
-class FuseNormActPass:
+class FuseNormActPass(Pass):
     """GroupNorm -> SiLU (-> 3x3 conv) chains to fused Triton kernels."""
 
     name = "fuse_norm_act"
 
-    def enabled(self, config):
-        return True if config.fuse_norm_act else "disabled by config (fuse_norm_act=False)"
+    def disabled_reason(self, config):
+        return None if config.fuse_norm_act else "disabled by config (fuse_norm_act=False)"
 
     @staticmethod
     def backend_for(device: torch.device, config) -> tuple[str | None, str]:
@@ -91,13 +92,13 @@ class FuseNormActPass:
             ctx.skip("conv_norm_out", "not an nn.GroupNorm followed by nn.SiLU")
 
 
-class WinogradPass:
+class WinogradPass(Pass):
     """Eligible 3x3 convs to WinogradConv2d (measured per shape with winograd="auto")."""
 
     name = "winograd"
 
-    def enabled(self, config):
-        return "disabled by config (winograd=False)" if config.winograd is False else True
+    def disabled_reason(self, config):
+        return "disabled by config (winograd=False)" if config.winograd is False else None
 
     def apply(self, unet, config, ctx) -> None:
         # winograd=True runs the Triton kernel where it is compiled (CUDA), the PyTorch Winograd elsewhere;

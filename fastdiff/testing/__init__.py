@@ -1,11 +1,17 @@
 """Offline building blocks for tests, notebooks and benchmarks.
 
 Nothing here downloads anything: pipelines are random-weight and tokenizers
-are built from a word list.
+are built from a word list. Names load on first use, so importing one helper
+does not load every pipeline class.
 """
 
-from fastdiff.testing.pipelines import ARCHS, tiny_pipeline
-from fastdiff.testing.probe import unet_probe_inputs
-from fastdiff.testing.tokenizer import build_clip_tokenizer
+from fastdiff import _lazy
 
-__all__ = ["ARCHS", "build_clip_tokenizer", "tiny_pipeline", "unet_probe_inputs"]
+_EXPORTS = {
+    "ARCHS": "fastdiff.testing.pipelines",
+    "tiny_pipeline": "fastdiff.testing.pipelines",
+    "unet_probe_inputs": "fastdiff.testing.probe",
+    "build_clip_tokenizer": "fastdiff.testing.tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = _lazy.attach(__name__, globals(), _EXPORTS)
