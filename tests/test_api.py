@@ -162,3 +162,23 @@ def test_restore_undoes_every_installation_newest_first():
     assert installed.installations(pipe) == [] and installed.installations(pipe.unet) == []
     fastdiff.restore(pipe)  # nothing left: a no-op
     assert order == ["b", "a", "c"]
+
+
+@pytest.mark.parametrize("dtype, expect", [("float16", torch.float16), ("torch.bfloat16", torch.bfloat16)])
+def test_tiny_load_pipeline_honours_dtype_names(dtype, expect):
+    pipe = fastdiff.tiny.load_pipeline("base", dtype=dtype)
+    assert pipe.unet.dtype == expect and pipe.vae.dtype == expect and pipe.text_encoder.dtype == expect
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dtype": "float64x"}, "dtype must be one of float32, float16, bfloat16"),
+        ({"dtype": torch.int8}, "dtype must be one of"),
+        ({"device": "gpu0"}, "device must be a torch device"),
+        ({"variant": "xl"}, "variant must be one of"),
+    ],
+)
+def test_tiny_load_pipeline_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fastdiff.tiny.load_pipeline(**kwargs)

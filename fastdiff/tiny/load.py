@@ -41,8 +41,12 @@ def load_pipeline(
             (consistency-distilled student with ``LCMScheduler``; 1-4 steps, guidance
             scale is an input of the U-Net, not classifier-free guidance).
         device, dtype: where and in what precision to run (weights are stored in float16,
-            float32 is the default for CPU).
+            float32 is the default for CPU). ``dtype`` is a ``torch.dtype`` or its name
+            ("float32", "float16", "bfloat16").
     """
+    dtype = _as_dtype(dtype)
+    device = _as_device(device)
+    weights = weights_dir(variant, weights_root)
     from diffusers import StableDiffusionPipeline
     from diffusers.utils import logging as dlog
     from transformers.utils import logging as tlog
@@ -54,9 +58,7 @@ def load_pipeline(
         with warnings.catch_warnings():
             # diffusers >= 0.36 prefers `dtype=`; `torch_dtype=` works on every supported version
             warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
-            pipe = StableDiffusionPipeline.from_pretrained(
-                weights_dir(variant, weights_root), torch_dtype=dtype, local_files_only=True
-            )
+            pipe = StableDiffusionPipeline.from_pretrained(weights, torch_dtype=dtype, local_files_only=True)
     finally:
         if bars[0]:
             dlog.enable_progress_bar()
@@ -64,6 +66,28 @@ def load_pipeline(
             tlog.enable_progress_bar()
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
+
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, str):
+        name = dtype.removeprefix("torch.")
+        if name in _DTYPES:
+            return _DTYPES[name]
+    elif dtype in _DTYPES.values():
+        return dtype
+    raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or the torch dtype), got {dtype!r}")
+
+
+def _as_device(device) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device must be a torch device or its name such as 'cpu' or 'cuda', got {device!r}"
+        ) from err
 
 
 @torch.no_grad()
