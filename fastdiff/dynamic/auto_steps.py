@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+
+from fastdiff.dynamic.protocols import StepChoice, StepPlanner
 
 __all__ = [
     "AutoSteps",
@@ -71,17 +72,6 @@ def high_frequency_energy(x0: torch.Tensor, cutoff: float = 0.25) -> torch.Tenso
     return (high / total).float()
 
 
-@dataclass
-class StepChoice:
-    """The step count picked for one sample and why."""
-
-    steps: int
-    tier: str
-    keywords: list[str]
-    hf_energy: float
-    reason: str
-
-
 def _default_table() -> dict:
     try:
         from fastdiff.dynamic.auto_steps_table import TABLE
@@ -90,8 +80,8 @@ def _default_table() -> dict:
     return TABLE
 
 
-class AutoSteps:
-    """Per-sample step count from prompt keywords and a probe of the x0 prediction.
+class AutoSteps(StepPlanner):
+    """Per-sample step count from prompt keywords and a probe of the x0 prediction (a :class:`StepPlanner`).
 
     Args:
         prompts: one prompt per row (or one for all rows); None means "neutral".
@@ -123,7 +113,7 @@ class AutoSteps:
         self.table = table if table is not None else _default_table()
 
     @property
-    def probe_budget(self) -> int:
+    def probe_schedule(self) -> int:
         """Length of the schedule whose first steps serve as the probe."""
         return self.min_steps
 

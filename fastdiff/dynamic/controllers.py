@@ -1,32 +1,17 @@
 """Controllers decide, per sample, when a sampling run has done enough work.
 
-A controller has two methods, called by :func:`fastdiff.dynamic.sample`:
-
-* ``reset(batch_size)`` before the first step;
-* ``should_stop(row, steps_done, num_steps, x0_change) -> bool`` after every step of a row, where
-  ``x0_change`` is the relative change of that row's x0 prediction, ||x0_k - x0_{k-1}|| / ||x0_k||
-  (NaN after the row's first step).
-
-A row the controller stops returns its current x0 prediction and leaves the batch.
+The protocol is :class:`fastdiff.dynamic.Controller` (:mod:`fastdiff.dynamic.protocols`): ``reset(batch_size)``
+before the first step, ``should_stop(row, steps_done, num_steps, x0_change, sigma) -> bool`` after every step
+of a row. A row the controller stops returns its current x0 prediction and leaves the batch.
 """
 
 from __future__ import annotations
 
 import math
 
+from fastdiff.dynamic.protocols import Controller
+
 __all__ = ["Controller", "EarlyStop"]
-
-
-class Controller:
-    """Base class: never stops. Subclass and override :meth:`should_stop`."""
-
-    def reset(self, batch_size: int) -> None:  # noqa: B027 - optional hook
-        pass
-
-    def should_stop(
-        self, row: int, steps_done: int, num_steps: int, x0_change: float, sigma: float = 0.0
-    ) -> bool:
-        return False
 
 
 class EarlyStop(Controller):
