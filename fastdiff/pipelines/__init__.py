@@ -5,7 +5,8 @@ diffusers' class and adds the call keywords ``steps``, ``early_stop``, ``draft``
 ``refine()`` method and a ``fastdiff`` record on every output.
 """
 
-from fastdiff.pipelines._mixin import FastdiffPipelineMixin, FastdiffRecord, RefineState
+from fastdiff.pipelines._mixin import FastdiffPipelineMixin
+from fastdiff.pipelines.records import FastdiffRecord, RefineState
 from fastdiff.pipelines.stable_diffusion import StableDiffusionImg2ImgPipeline, StableDiffusionPipeline
 from fastdiff.pipelines.stable_diffusion_xl import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
 
