@@ -146,6 +146,37 @@ def test_controllers_follow_the_protocol():
         sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=8, controller=object())
 
 
+def test_early_stop_sigma_guard_excludes_high_noise_steps():
+    # regression (#12): calm steps above max_sigma were counted, so a row stopped at the first step below it
+    stop = EarlyStop(rtol=0.01, patience=2, min_steps=1)
+    assert stop.max_sigma == 1.0, "one default: sigma <= 1, as the docstring and README say"
+    stop.reset(1)
+    for sigma in (8.0, 4.0, 2.0):
+        assert not stop.should_stop(0, 5, 30, 0.001, sigma=sigma)
+    assert not stop.should_stop(0, 6, 30, 0.001, sigma=0.9), "only one calm step below the guard so far"
+    assert stop.should_stop(0, 7, 30, 0.001, sigma=0.8)
+    unguarded = EarlyStop(rtol=0.01, patience=2, min_steps=1, max_sigma=None)
+    unguarded.reset(1)
+    assert not unguarded.should_stop(0, 1, 30, 0.001, sigma=8.0)
+    assert unguarded.should_stop(0, 2, 30, 0.001, sigma=8.0)
+
+
+def test_early_stop_guard_in_a_run_needs_patience_below_max_sigma():
+    sch = dpm()
+    mu, s, x = gaussian_case()
+    res = sample(
+        GaussianRows(mu, s, sch),
+        x,
+        scheduler=sch,
+        num_inference_steps=30,
+        controller=EarlyStop(rtol=0.05, patience=2, min_steps=2, max_sigma=1.0),
+    )
+    table = res.trace_table()
+    assert res.stopped_early[2]
+    k = res.steps_run[2]
+    assert (table["sigma"][k - 2 : k, 2] <= 1.0).all(), "both calm steps counted were at sigma <= 1"
+
+
 def test_draft_strength_without_refine_steps_fails_before_the_draft_runs():
     # regression (#10): the draft ran first and the strength was rejected afterwards
     sch = dpm()
