@@ -73,10 +73,8 @@ def high_frequency_energy(x0: torch.Tensor, cutoff: float = 0.25) -> torch.Tenso
 
 
 def _default_table() -> dict:
-    try:
-        from fastdiff.dynamic.auto_steps_table import TABLE
-    except ImportError:  # not calibrated yet: prompt tiers only
-        TABLE = None
+    from fastdiff.dynamic.auto_steps_table import TABLE
+
     return TABLE
 
 
@@ -138,10 +136,6 @@ class AutoSteps(StepPlanner):
 
     def steps_for(self, tier: str, hf_energy: float) -> tuple[int, str]:
         """Look up (steps, rule) for a tier and probe energy in the table."""
-        if self.table is None:
-            fallback = {"simple": 0.0, "neutral": 0.5, "detailed": 1.0}[tier]
-            steps = round(self.min_steps + fallback * (self.max_steps - self.min_steps))
-            return steps, f"uncalibrated tier rule ({tier})"
         rows = self.table["tiers"].get(tier) or self.table["tiers"]["neutral"]
         for upper, steps in rows:
             if hf_energy <= upper:
