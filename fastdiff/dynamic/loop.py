@@ -33,7 +33,7 @@ from fastdiff.dynamic.protocols import Controller, StepChoice, StepPlanner
 from fastdiff.dynamic.records import SampleResult
 from fastdiff.dynamic.tick import RowsHook, SampleState, Track, notify, tick
 
-__all__ = ["SampleState", "sample", "resume"]
+__all__ = ["SampleState", "sample", "resume", "start", "run"]
 
 
 # ----------------------------------------------------------------------------------------------------------
