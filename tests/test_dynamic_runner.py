@@ -281,3 +281,14 @@ def test_plan_is_pure_and_names_bad_values():
         plan_call((), {"num_inference_steps": 2}, draft={"model": _lcm_unet(), "strength": 0.3})
     with pytest.raises(ValueError, match="text-to-image"):
         plan_call((), {}, steps="auto", text_to_image=False)
+
+
+def test_snapshot_keeps_fastschedulers_full_precision_shadow_of_an_fp16_state():
+    from fastdiff.samplers import make_scheduler
+
+    sch = make_scheduler("dpmpp_2m")
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0)).half()
+    model = lambda v, t: (0.5 * v.float()).half()  # noqa: E731 - a smooth fp16 toy eps-model
+    full = sample(model, x, scheduler=sch, num_inference_steps=10)
+    part = sample(model, x, scheduler=sch, num_inference_steps=10, stop_after=4)
+    assert torch.equal(resume(part.state.copy()).latents, full.latents)

@@ -81,9 +81,7 @@ class SampleState:
         """An independent snapshot: scheduler copies, controller and generator states are duplicated."""
         return replace(
             self,
-            tracks=[
-                replace(tr, adapter=tr.adapter.copy(), generator=_clone(tr.generator)) for tr in self.tracks
-            ],
+            tracks=[_copy_track(tr) for tr in self.tracks],
             controller=copy.deepcopy(self.controller),
             nfe_per_sample=list(self.nfe_per_sample),
             steps_run=list(self.steps_run),
@@ -91,6 +89,14 @@ class SampleState:
             notes=list(self.notes),
             live_rows=list(self.live_rows),
         )
+
+
+def _copy_track(tr: Track) -> Track:
+    # one deepcopy memo for scheduler and state: a scheduler that keeps a reference to the state it returned
+    # (FastScheduler's full-precision shadow of an fp16 state) still recognises it in the copy
+    scheduler, x = copy.deepcopy((tr.adapter.scheduler, tr.x))
+    adapter = type(tr.adapter)(scheduler, tr.adapter.step_kwargs)
+    return replace(tr, adapter=adapter, x=x, generator=_clone(tr.generator))
 
 
 def _clone(generator):
