@@ -210,3 +210,20 @@ def test_capture_hides_its_aborted_unet_call_from_other_hooks(sd):
     with UNetCalls(sd.unet) as counter:
         out = sd("a red circle", steps=3, guidance_scale=4.0, output_type="np", generator=gen())
     assert counter.calls == out.fastdiff.nfe == 3 and counter.rows == 2 * 3
+
+
+def test_rows_retired_hook_reaches_the_pipeline_run(sd):
+    events = []
+    sd.fastdiff_on_rows_retired = lambda rows: events.append(rows.tolist())
+    try:
+        out = sd(
+            PROMPTS,
+            num_inference_steps=8,
+            early_stop={"rtol": 0.5, "patience": 1, "min_steps": 2, "max_sigma": None},
+            guidance_scale=4.0,
+            output_type="latent",
+            generator=gen(),
+        )
+    finally:
+        del sd.fastdiff_on_rows_retired
+    assert events and events[-1] == [] and len(events) == len(set(out.fastdiff.steps))

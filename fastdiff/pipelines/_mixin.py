@@ -40,6 +40,10 @@ class FastdiffPipelineMixin:
     return_dict, generator)``."""
 
     _fastdiff_text_to_image = True  # img2img variants set False (no auto steps / draft there)
+    # Integration point for per-row U-Net caches: called as fastdiff.dynamic.sample's on_rows_retired with
+    # the image rows still running whenever images leave the batch (early stop, different step counts).
+    # With guidance the U-Net batch is [uncond rows; cond rows], i.e. rows and rows + batch_size.
+    fastdiff_on_rows_retired = None
 
     def __call__(
         self, *args, steps=None, early_stop=None, draft=None, preview_steps: int | None = None, **kwargs
@@ -118,6 +122,7 @@ class FastdiffPipelineMixin:
             generator=plan.generator,
             step_kwargs=plan.step_kwargs,
             stop_after=plan.preview_steps,
+            on_rows_retired=self.fastdiff_on_rows_retired,
         )
         t0 = time.perf_counter()
         with torch.no_grad():
