@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import DDIMScheduler, EulerDiscreteScheduler, LCMScheduler, UNet2DConditionModel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_dynamic import SD_BETAS, GaussianRows, dpm, gaussian_case
 
 from fastdiff.dynamic import AutoSteps, Controller, EarlyStop, StepChoice, draft_and_refine, resume, sample
@@ -46,6 +48,31 @@ def test_rows_retired_hook_reports_the_rows_of_later_calls():
         assert all(seen == rows for seen in model.rows_seen[calls : calls + 1]), (
             "the next call covers these rows"
         )
+
+
+@settings(max_examples=10, deadline=None)
+@given(counts=st.lists(st.integers(1, 6), min_size=3, max_size=3), rtol=st.sampled_from([1e-9, 0.05, 0.3]))
+def test_rows_retired_hook_always_names_the_rows_of_the_next_call(counts, rtol):
+    sch = dpm()
+    mu, s, x = gaussian_case()
+    model = RowsSeen(mu, s, sch)
+    events = []
+    stop = EarlyStop(rtol=rtol, patience=1, min_steps=1, max_sigma=None)
+    res = sample(
+        model,
+        x,
+        scheduler=sch,
+        num_inference_steps=counts,
+        controller=stop,
+        on_rows_retired=lambda r: events.append((len(model.rows_seen), r.tolist())),
+    )
+    assert events[-1] == (res.nfe, []), "the last event: no row left, after the last call"
+    previous = [0, 1, 2]
+    for calls, rows in events:
+        assert set(rows) < set(previous) and rows == sorted(rows), "the running set only shrinks"
+        previous = rows
+        if rows:
+            assert model.rows_seen[calls] == rows, "the next model call covers exactly these rows"
 
 
 def test_rows_retired_hook_sees_early_stops_and_survives_resume():
