@@ -53,10 +53,9 @@ class DraftSpec:
                 "draft model must be an LCM pipeline or an LCM UNet2DConditionModel, "
                 f"got {type(spec.model).__name__}"
             )
-        if isinstance(spec.strength, bool) or not isinstance(spec.strength, (int, float)):
-            raise ValueError(f"draft strength must be in (0, 1], got {spec.strength!r}")
-        if not 0.0 < spec.strength <= 1.0:
-            raise ValueError(f"draft strength must be in (0, 1], got {spec.strength!r}")
+        strength = spec.strength
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0.0 < strength <= 1.0:
+            raise ValueError(f"draft strength must be in (0, 1], got {strength!r}")
         if not isinstance(spec.steps, int) or isinstance(spec.steps, bool) or not 1 <= spec.steps <= 8:
             raise ValueError(f"draft steps must be an int in [1, 8] (LCM uses 1-4), got {spec.steps!r}")
         return spec
