@@ -11,9 +11,9 @@ and writes a labelled PNG grid (one row per configuration), ``demo.json`` and
 ``demo.md`` (wall time, U-Net evaluations per image, PSNR/SSIM against the
 baseline, prompt-attribute accuracy) into ``--out`` (default ``./fastdiff-out``).
 
-Other modules add rows with :func:`register_config`; a configuration is a function
-``fn(ctx) -> images`` where ``ctx`` is a :class:`DemoContext` (pipelines, prompts,
-seeds); U-Net evaluations are counted by the context, not declared.
+A configuration (:data:`CONFIGS`) is a function ``fn(ctx) -> images`` where ``ctx`` is a
+:class:`DemoContext` (pipelines, prompts, seeds); U-Net evaluations are counted by the
+context, not declared.
 """
 
 from __future__ import annotations
@@ -46,24 +46,29 @@ class DemoContext:
     guidance_scale: float = GUIDANCE
     quick: bool = False
     _pipes: dict = field(default_factory=dict)
-    _unet_evals: float = 0.0
+    _counters: list = field(default_factory=list)
 
     def pipe(self, variant: str = "base"):
         """The fastdiff-tiny pipeline `variant` ("base" or "lcm"), its U-Net instrumented to count calls."""
         if variant not in self._pipes:
+            from fastdiff.pipelines.unet_calls import UNetCalls
             from fastdiff.tiny import load_pipeline
 
             pipe = load_pipeline(variant)
             pipe(self.prompts[:1], num_inference_steps=1, output_type="latent")  # warm-up, untimed
-            pipe.unet.register_forward_pre_hook(self._count, with_kwargs=True)
+            self._counters.append(UNetCalls(pipe.unet))
             self._pipes[variant] = (pipe, pipe.scheduler)
         pipe, default_scheduler = self._pipes[variant]
         pipe.scheduler = default_scheduler  # each configuration starts from the shipped scheduler
         return pipe
 
-    def _count(self, module, args, kwargs):
-        sample = args[0] if args else kwargs["sample"]
-        self._unet_evals += sample.shape[0] / len(self.prompts)
+    def unet_evals_per_image(self) -> float:
+        """U-Net evaluations per image since :meth:`reset_counts` (a guided call counts two)."""
+        return sum(c.rows for c in self._counters) / len(self.prompts)
+
+    def reset_counts(self) -> None:
+        for c in self._counters:
+            c.reset()
 
     def generators(self) -> list[torch.Generator]:
         return [torch.Generator("cpu").manual_seed(self.seed + i) for i in range(len(self.prompts))]
@@ -86,27 +91,6 @@ class Config:
     name: str
     description: str
     fn: Callable[[DemoContext], np.ndarray]
-
-
-_CONFIGS: list[Config] = []
-
-
-def register_config(
-    name: str, description: str, fn: Callable[[DemoContext], np.ndarray], *, replace=False
-) -> None:
-    """Add a demo row. The first registered configuration (``baseline``) is the reference."""
-    existing = [i for i, c in enumerate(_CONFIGS) if c.name == name]
-    if existing and not replace:
-        raise ValueError(f"demo configuration {name!r} exists; pass replace=True to override it")
-    cfg = Config(name, description, fn)
-    if existing:
-        _CONFIGS[existing[0]] = cfg
-    else:
-        _CONFIGS.append(cfg)
-
-
-def configs() -> list[Config]:
-    return list(_CONFIGS)
 
 
 # ----------------------------------------------------------------------------- built-in rows
@@ -155,28 +139,31 @@ def _lcm_draft(ctx: DemoContext) -> np.ndarray:
     return ctx.run(ctx.pipe("lcm"), 4)
 
 
-register_config("baseline", "diffusers default scheduler (PNDM), 50 steps, CFG 5", _baseline)
-register_config(
-    "dpmpp_2m-10",
-    "fastdiff DPM-Solver++(2M), 10 steps, Karras schedule",
-    _fast_sampler("dpmpp_2m", 10, "karras"),
-)
-register_config("unipc-8", "fastdiff UniPC, 8 steps, Karras schedule", _fast_sampler("unipc", 8, "karras"))
-register_config("lcm-draft", "LCM-distilled student, 4 steps (guidance is a U-Net input)", _lcm_draft)
-register_config(
-    "early-stop",
-    "DPM-Solver++(2M) 30 steps, per-image early stop (x0 change < 1% twice, sigma <= 1)",
-    _dynamic(steps="quality", early_stop=True),
-)
-register_config(
-    "auto-steps",
-    "steps='auto': prompt keywords + 2-step probe -> calibrated steps per image",
-    _dynamic(steps="auto"),
-)
-register_config(
-    "lcm-draft+refine",
-    "LCM 4 steps, x0 re-noised to 50%, last 15 of 30 DPM-Solver++(2M) steps",
-    _dynamic(steps="quality", draft={"strength": 0.5, "steps": 4}),
+# the first row (``baseline``) is the reference of the PSNR/SSIM columns
+CONFIGS = (
+    Config("baseline", "diffusers default scheduler (PNDM), 50 steps, CFG 5", _baseline),
+    Config(
+        "dpmpp_2m-10",
+        "fastdiff DPM-Solver++(2M), 10 steps, Karras schedule",
+        _fast_sampler("dpmpp_2m", 10, "karras"),
+    ),
+    Config("unipc-8", "fastdiff UniPC, 8 steps, Karras schedule", _fast_sampler("unipc", 8, "karras")),
+    Config("lcm-draft", "LCM-distilled student, 4 steps (guidance is a U-Net input)", _lcm_draft),
+    Config(
+        "early-stop",
+        "DPM-Solver++(2M) 30 steps, per-image early stop (x0 change < 1% twice, sigma <= 1)",
+        _dynamic(steps="quality", early_stop=True),
+    ),
+    Config(
+        "auto-steps",
+        "steps='auto': prompt keywords + 2-step probe -> calibrated steps per image",
+        _dynamic(steps="auto"),
+    ),
+    Config(
+        "lcm-draft+refine",
+        "LCM 4 steps, x0 re-noised to 50%, last 15 of 30 DPM-Solver++(2M) steps",
+        _dynamic(steps="quality", draft={"strength": 0.5, "steps": 4}),
+    ),
 )
 
 
@@ -219,14 +206,14 @@ def run_demo(prompts=DEFAULT_PROMPTS, out_dir="fastdiff-out", quick=False, seed=
     except ValueError:
         attrs = None  # free-form prompts: no attribute accuracy
     ctx = DemoContext(prompts=prompts, seed=seed, quick=quick)
-    selected = [c for c in configs() if only is None or c.name in only or c.name == "baseline"]
+    selected = [c for c in CONFIGS if only is None or c.name in only or c.name == "baseline"]
     rows, images = [], []
     reference = None
     for cfg in selected:
-        ctx._unet_evals = 0.0
         ctx.pipe("base")  # load outside the timed region
         if cfg.name.startswith("lcm"):
             ctx.pipe("lcm")
+        ctx.reset_counts()
         t0 = time.perf_counter()
         imgs = cfg.fn(ctx)
         wall = time.perf_counter() - t0
@@ -235,7 +222,7 @@ def run_demo(prompts=DEFAULT_PROMPTS, out_dir="fastdiff-out", quick=False, seed=
         row = {
             "config": cfg.name,
             "description": cfg.description,
-            "unet_evals_per_image": round(ctx._unet_evals, 2),
+            "unet_evals_per_image": round(ctx.unet_evals_per_image(), 2),
             "wall_s": round(wall, 3),
             "psnr_vs_baseline_db": psnr(imgs, reference),
             "ssim_vs_baseline": ssim(imgs, reference),

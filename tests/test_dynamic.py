@@ -15,18 +15,10 @@ from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastdiff.dynamic import (
-    AutoSteps,
-    EarlyStop,
-    cfg_model_fn,
-    draft_and_refine,
-    high_frequency_energy,
-    predicted_x0,
-    prompt_tier,
-    renoise,
-    resume,
-    sample,
-)
+from fastdiff.dynamic import AutoSteps, EarlyStop, cfg_model_fn, draft_and_refine, resume, sample
+from fastdiff.dynamic.adapters import predicted_x0
+from fastdiff.dynamic.auto_steps import high_frequency_energy, prompt_tier
+from fastdiff.dynamic.draft import renoise
 
 SD_BETAS = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
 

@@ -79,8 +79,10 @@ def test_preview_then_refine_equals_full_run(sdxl):
     final = pipe.refine(preview.fastdiff.state)
     np.testing.assert_allclose(final.images, full.images, atol=1e-5)
     assert final.fastdiff.nfe == 5 and final.fastdiff.state is None
-    with pytest.raises(ValueError, match="already been refined"):
-        pipe.refine(preview.fastdiff.state)
+    # the preview is a snapshot (#10): refining it again starts from the same point, not from the end
+    again = pipe.refine(preview.fastdiff.state)
+    np.testing.assert_array_equal(again.images, final.images)
+    assert again.fastdiff.nfe == 5 and again.fastdiff.steps == [5, 5]
 
 
 def test_img2img_matches_diffusers_and_refines():
@@ -172,3 +174,56 @@ def test_bad_keywords_raise(sd):
     i2i = fastdiff.StableDiffusionImg2ImgPipeline.from_pipe(sd)
     with pytest.raises(ValueError, match="text-to-image"):
         i2i("a red circle", image=torch.rand(1, 3, 32, 32), steps="auto")
+
+
+def test_refining_the_same_preview_twice_starts_from_the_preview(sd):
+    # regression (#10): refine() advanced the shared state, so the second refine continued from the first's end
+    kw = dict(guidance_scale=4.0, output_type="np", num_inference_steps=6)
+    preview = sd(PROMPTS, preview_steps=2, generator=gen(), **kw)
+    a = sd.refine(preview.fastdiff.state, preview_steps=1)
+    b = sd.refine(preview.fastdiff.state, preview_steps=1)
+    assert a.fastdiff.steps == b.fastdiff.steps == [3, 3]
+    np.testing.assert_array_equal(a.images, b.images)
+    final = sd.refine(a.fastdiff.state)
+    np.testing.assert_allclose(final.images, sd(PROMPTS, generator=gen(), **kw).images, atol=1e-5)
+
+
+def test_draft_strength_leaving_no_refine_step_fails_before_the_draft_runs(sd):
+    # regression (#10): the error came only after the draft model had run
+    from fastdiff.pipelines.unet_calls import UNetCalls
+
+    lcm_unet = tiny_pipeline("sd15", seed=1).unet
+    with UNetCalls(lcm_unet) as draft_calls, UNetCalls(sd.unet) as main_calls:
+        with pytest.raises(ValueError, match=r"draft strength 0.3 leaves no refine step of 3"):
+            sd(
+                "a red circle",
+                num_inference_steps=3,
+                draft={"model": lcm_unet, "strength": 0.3},
+                generator=gen(),
+            )
+    assert draft_calls.calls == 0 and main_calls.calls == 0
+
+
+def test_capture_hides_its_aborted_unet_call_from_other_hooks(sd):
+    from fastdiff.pipelines.unet_calls import UNetCalls
+
+    with UNetCalls(sd.unet) as counter:
+        out = sd("a red circle", steps=3, guidance_scale=4.0, output_type="np", generator=gen())
+    assert counter.calls == out.fastdiff.nfe == 3 and counter.rows == 2 * 3
+
+
+def test_rows_retired_hook_reaches_the_pipeline_run(sd):
+    events = []
+    sd.fastdiff_on_rows_retired = lambda rows: events.append(rows.tolist())
+    try:
+        out = sd(
+            PROMPTS,
+            num_inference_steps=8,
+            early_stop={"rtol": 0.5, "patience": 1, "min_steps": 2, "max_sigma": None},
+            guidance_scale=4.0,
+            output_type="latent",
+            generator=gen(),
+        )
+    finally:
+        del sd.fastdiff_on_rows_retired
+    assert events and events[-1] == [] and len(events) == len(set(out.fastdiff.steps))

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+
+from fastdiff.dynamic.protocols import StepChoice, StepPlanner
 
 __all__ = [
     "AutoSteps",
@@ -71,27 +72,14 @@ def high_frequency_energy(x0: torch.Tensor, cutoff: float = 0.25) -> torch.Tenso
     return (high / total).float()
 
 
-@dataclass
-class StepChoice:
-    """The step count picked for one sample and why."""
-
-    steps: int
-    tier: str
-    keywords: list[str]
-    hf_energy: float
-    reason: str
-
-
 def _default_table() -> dict:
-    try:
-        from fastdiff.dynamic.auto_steps_table import TABLE
-    except ImportError:  # not calibrated yet: prompt tiers only
-        TABLE = None
+    from fastdiff.dynamic.auto_steps_table import TABLE
+
     return TABLE
 
 
-class AutoSteps:
-    """Per-sample step count from prompt keywords and a probe of the x0 prediction.
+class AutoSteps(StepPlanner):
+    """Per-sample step count from prompt keywords and a probe of the x0 prediction (a :class:`StepPlanner`).
 
     Args:
         prompts: one prompt per row (or one for all rows); None means "neutral".
@@ -123,7 +111,7 @@ class AutoSteps:
         self.table = table if table is not None else _default_table()
 
     @property
-    def probe_budget(self) -> int:
+    def probe_schedule(self) -> int:
         """Length of the schedule whose first steps serve as the probe."""
         return self.min_steps
 
@@ -148,10 +136,6 @@ class AutoSteps:
 
     def steps_for(self, tier: str, hf_energy: float) -> tuple[int, str]:
         """Look up (steps, rule) for a tier and probe energy in the table."""
-        if self.table is None:
-            fallback = {"simple": 0.0, "neutral": 0.5, "detailed": 1.0}[tier]
-            steps = round(self.min_steps + fallback * (self.max_steps - self.min_steps))
-            return steps, f"uncalibrated tier rule ({tier})"
         rows = self.table["tiers"].get(tier) or self.table["tiers"]["neutral"]
         for upper, steps in rows:
             if hf_energy <= upper:

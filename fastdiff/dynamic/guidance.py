@@ -78,7 +78,6 @@ class GuidedUNet:
         self.guidance_scale = float(guidance_scale)
         self.guidance_rescale = float(guidance_rescale)
         self.unet_kwargs = dict(unet_kwargs or {})
-        self.calls = 0
 
     def __call__(self, x: torch.Tensor, t, rows: torch.Tensor | None = None) -> torch.Tensor:
         if rows is None:
@@ -94,7 +93,6 @@ class GuidedUNet:
             x = torch.cat([x, x])
             if t.ndim == 1:
                 t = torch.cat([t, t])
-        self.calls += 1
         out = self.unet(x, t, encoder_hidden_states=ehs, return_dict=False, **kwargs)[0]
         if not self.do_cfg:
             return out

@@ -13,22 +13,10 @@ DEFAULT_SAMPLER = "dpmpp_2m"
 
 
 def default_scheduler(like):
-    """fastdiff's default sampler configured from another scheduler's training schedule (``like``).
+    """fastdiff's default sampler configured from another scheduler's training schedule (``like``)."""
+    from fastdiff.samplers import make_scheduler
 
-    Uses :func:`fastdiff.make_scheduler` when the samplers package provides it, else diffusers'
-    DPMSolverMultistepScheduler with the same settings.
-    """
-    try:
-        from fastdiff.samplers import make_scheduler
-    except ImportError:
-        make_scheduler = None
-    if make_scheduler is not None:
-        return make_scheduler(DEFAULT_SAMPLER, like=like)
-    from diffusers import DPMSolverMultistepScheduler
-
-    return DPMSolverMultistepScheduler.from_config(
-        like.config, algorithm_type="dpmsolver++", solver_order=2, final_sigmas_type="zero"
-    )
+    return make_scheduler(DEFAULT_SAMPLER, like=like)
 
 
 def resolve_steps(steps) -> tuple[int | str, str]:

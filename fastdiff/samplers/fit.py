@@ -14,7 +14,6 @@ works for any black-box model.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -34,28 +33,27 @@ def run_scheduler(
     generator: torch.Generator | None = None,
     callback: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    """Sample with ``scheduler`` exactly as a diffusers pipeline does.
+    """Sample with ``scheduler`` exactly as a diffusers pipeline does (a call of
+    :func:`fastdiff.dynamic.sample` that drives ``scheduler`` itself, so it ends the run at its last step).
 
     ``model_fn(x, t)`` returns the model output (of the scheduler's ``prediction_type``) for the
     VP state ``x`` at timestep ``t`` (a 0-d tensor).  ``latents`` is the initial noise (scaled by
     ``init_noise_sigma``).  ``callback(i, x_next, x0_estimate)`` is called after every step.
     Returns the final sample.
     """
+    from fastdiff.dynamic.adapters import InPlaceAdapter
+    from fastdiff.dynamic.loop import sample
+
     if num_inference_steps is not None or scheduler.num_inference_steps is None:
         scheduler.set_timesteps(num_inference_steps)
     else:
         scheduler.set_timesteps(scheduler.num_inference_steps)
+    adapter = InPlaceAdapter(scheduler)
+    hook = None
+    if callback is not None:
+        hook = lambda record, x0: callback(record.tick, adapter.last_sample, x0)  # noqa: E731
     x = latents * scheduler.init_noise_sigma
-    # as diffusers pipelines do: pass the generator only to schedulers whose step() takes one
-    extra = {"generator": generator} if "generator" in inspect.signature(scheduler.step).parameters else {}
-    for i, t in enumerate(scheduler.timesteps):
-        out = model_fn(scheduler.scale_model_input(x, t), t)
-        res = scheduler.step(out, t, x, **extra)
-        x = res.prev_sample
-        if callback is not None:
-            x0 = getattr(res, "pred_original_sample", None)
-            callback(i, x, x0 if x0 is not None else getattr(res, "denoised", None))
-    return x
+    return sample(model_fn, x, scheduler=adapter, generator=generator, callback=hook).latents
 
 
 def _rms_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -65,12 +63,13 @@ def _rms_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _run_on_sigmas(model_fn, latents, scheduler, sigmas) -> torch.Tensor:
+    from fastdiff.dynamic.adapters import InPlaceAdapter
+    from fastdiff.dynamic.loop import sample
+
     scheduler.set_timesteps(sigmas=sigmas)
     scheduler.set_begin_index(0)
     x = latents * scheduler.init_noise_sigma
-    for t in scheduler.timesteps:
-        x = scheduler.step(model_fn(x, t), t, x).prev_sample
-    return x
+    return sample(model_fn, x, scheduler=InPlaceAdapter(scheduler)).latents
 
 
 def fit_schedule(

@@ -1,0 +1,240 @@
+"""The state of a sampling run and one tick of it: :func:`evaluate`, :func:`step`, :func:`retire`.
+
+A run is a list of tracks; a track is one scheduler copy driving a set of rows in lock-step (all rows
+together, or one row each when rows may leave early or follow different schedules). :func:`tick` advances
+every live track by one step: one batched model call for all of them (:func:`evaluate`), a scheduler step
+and the x0 prediction per track (:func:`step`), then the controller (:func:`retire`). The entry points are
+in :mod:`fastdiff.dynamic.loop`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from fastdiff.dynamic.adapters import SchedulerAdapter, predicted_x0
+from fastdiff.dynamic.protocols import Controller
+from fastdiff.dynamic.records import SampleResult, StepRecord
+
+__all__ = ["Track", "SampleState", "tick"]
+
+RowsHook = Callable[[torch.Tensor], None]
+
+
+@dataclass
+class Track:
+    """One scheduler copy driving a set of rows in lock-step."""
+
+    rows: torch.Tensor  # long, indices into the batch
+    adapter: SchedulerAdapter
+    pos: int  # index into timesteps of the next step
+    start: int  # index of the first step (img2img / SDEdit start)
+    x: torch.Tensor
+    generator: object = None
+    x0: torch.Tensor | None = None
+    pending: torch.Tensor | None = None  # a model output already computed for the next step
+    done: bool = False
+    stopped_early: bool = False
+    final: torch.Tensor | None = None
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        return self.adapter.timesteps
+
+    @property
+    def remaining(self) -> int:
+        return len(self.timesteps) - self.pos
+
+
+@dataclass
+class SampleState:
+    """Everything needed to continue a paused :func:`sample` run (see :func:`resume`).
+
+    :func:`resume` advances the state in place; :meth:`copy` gives an independent snapshot to branch from."""
+
+    model_fn: Callable
+    tracks: list[Track]
+    batch_size: int
+    controller: Controller | None
+    callback: Callable | None
+    on_rows_retired: RowsHook | None
+    template: torch.Tensor  # shape/dtype/device of the latents
+    nfe: int = 0
+    nfe_per_sample: list[int] = field(default_factory=list)
+    steps_run: list[int] = field(default_factory=list)
+    trace: list[StepRecord] = field(default_factory=list)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    live_rows: list[int] = field(default_factory=list)  # rows still running after the last tick
+    draft: SampleResult | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(tr.done for tr in self.tracks)
+
+    def copy(self) -> SampleState:
+        """An independent snapshot: scheduler copies, controller and generator states are duplicated."""
+        return replace(
+            self,
+            tracks=[_copy_track(tr) for tr in self.tracks],
+            controller=copy.deepcopy(self.controller),
+            nfe_per_sample=list(self.nfe_per_sample),
+            steps_run=list(self.steps_run),
+            trace=list(self.trace),
+            notes=list(self.notes),
+            live_rows=list(self.live_rows),
+        )
+
+
+def _copy_track(tr: Track) -> Track:
+    # one deepcopy memo for scheduler and state: a scheduler that keeps a reference to the state it returned
+    # (FastScheduler's full-precision shadow of an fp16 state) still recognises it in the copy
+    scheduler, x = copy.deepcopy((tr.adapter.scheduler, tr.x))
+    adapter = type(tr.adapter)(scheduler, tr.adapter.step_kwargs)
+    return replace(tr, adapter=adapter, x=x, generator=_clone(tr.generator))
+
+
+def _clone(generator):
+    if isinstance(generator, list):
+        return [_clone(g) for g in generator]
+    if isinstance(generator, torch.Generator):
+        g = torch.Generator(generator.device)
+        g.set_state(generator.get_state())
+        return g
+    return generator
+
+
+def _takes_rows(model_fn) -> bool:
+    try:
+        return "rows" in inspect.signature(model_fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one tick: evaluate, step, retire
+# ----------------------------------------------------------------------------------------------------------
+def tick(
+    state: SampleState, use_controller: bool = True, report_retired: bool = True
+) -> dict[int, torch.Tensor]:
+    """Advance every live track by one step; returns the model output each track used."""
+    tick_start = time.perf_counter()
+    live = [i for i, tr in enumerate(state.tracks) if not tr.done]
+    nan, batch = float("nan"), state.batch_size
+    record = StepRecord(
+        tick=len(state.trace),
+        t=[nan] * batch,
+        sigma=[nan] * batch,
+        x0_change=[nan] * batch,
+        active=[False] * batch,
+        stopped=[],
+        nfe=0,
+        seconds=0.0,
+    )
+    inputs = {i: state.tracks[i].adapter.model_input(state.tracks[i].x, _t(state.tracks[i])) for i in live}
+    outputs = evaluate(state, inputs)
+    x0_full = step(state, inputs, outputs, record)
+    if use_controller and state.controller is not None:
+        retire(state, live, record)
+    record.nfe = state.nfe
+    record.seconds = time.perf_counter() - tick_start
+    state.trace.append(record)
+    if state.callback is not None:
+        state.callback(record, x0_full)
+    if report_retired:
+        notify(state)
+    return outputs
+
+
+def _t(tr: Track):
+    return tr.timesteps[tr.pos]
+
+
+def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """One batched model call for every live track without a reused output; returns each track's output."""
+    outputs = {i: state.tracks[i].pending for i in inputs if state.tracks[i].pending is not None}
+    need = [i for i in inputs if i not in outputs]
+    if not need:
+        return outputs
+    tracks = [state.tracks[i] for i in need]
+    x_in = torch.cat([inputs[i] for i in need])
+    rows = torch.cat([tr.rows for tr in tracks])
+    ts = [torch.as_tensor(_t(tr)) for tr in tracks]
+    if all(bool(ts[0] == t) for t in ts[1:]):
+        t_arg = ts[0]
+    else:
+        t_arg = torch.cat([t.reshape(1).expand(len(tr.rows)) for t, tr in zip(ts, tracks)])
+    if _takes_rows(state.model_fn):
+        pred = state.model_fn(x_in, t_arg, rows=rows)
+    else:
+        pred = state.model_fn(x_in, t_arg)
+    if pred.shape != x_in.shape:
+        raise ValueError(f"model_fn returned shape {tuple(pred.shape)} for input {tuple(x_in.shape)}")
+    state.nfe += 1
+    offset = 0
+    for i, tr in zip(need, tracks):
+        outputs[i] = pred[offset : offset + len(tr.rows)]
+        offset += len(tr.rows)
+        for r in tr.rows.tolist():
+            state.nfe_per_sample[r] += 1
+    return outputs
+
+
+def step(state: SampleState, inputs, outputs, record: StepRecord) -> torch.Tensor | None:
+    """Scheduler step of every live track; x0 and its relative change go to the tracks and the record."""
+    x0_full = torch.full_like(state.template, float("nan")) if state.callback is not None else None
+    for i, x_vp in inputs.items():
+        tr = state.tracks[i]
+        out = outputs[i]
+        tr.pending = None
+        t = _t(tr)
+        alpha, sigma = tr.adapter.vp_coefficients(tr.adapter.step_index(tr.pos, t), t)
+        tr.x, x0 = tr.adapter.step(out, t, tr.x, tr.generator)
+        if x0 is None:
+            x0 = predicted_x0(out, x_vp, alpha, sigma, tr.adapter.prediction_type)
+        change = None
+        if tr.x0 is not None:
+            diff = (x0 - tr.x0).flatten(1).double().norm(dim=1)
+            change = diff / x0.flatten(1).double().norm(dim=1).clamp_min(1e-12)
+        tr.x0 = x0
+        tr.pos += 1
+        sigma_ve = sigma / alpha if alpha > 0 else float("inf")
+        for k, r in enumerate(tr.rows.tolist()):
+            state.steps_run[r] += 1
+            record.t[r] = float(t)
+            record.sigma[r] = sigma_ve
+            record.active[r] = True
+            if change is not None:
+                record.x0_change[r] = float(change[k])
+        if x0_full is not None:
+            x0_full[tr.rows] = x0.to(x0_full.dtype)
+        if tr.pos >= len(tr.timesteps):
+            tr.done, tr.final = True, tr.x
+    return x0_full
+
+
+def retire(state: SampleState, live: list[int], record: StepRecord) -> None:
+    """Ask the controller about every single-row track still running; retired rows keep their x0."""
+    for i in live:
+        tr = state.tracks[i]
+        if tr.done or len(tr.rows) != 1:
+            continue
+        r = int(tr.rows[0])
+        done_steps, total = tr.pos - tr.start, len(tr.timesteps) - tr.start
+        if state.controller.should_stop(r, done_steps, total, record.x0_change[r], sigma=record.sigma[r]):
+            tr.done, tr.stopped_early, tr.final = True, True, tr.x0
+            record.stopped.append(r)
+
+
+def notify(state: SampleState) -> None:
+    """Call ``on_rows_retired`` if the set of running rows shrank since the last call."""
+    live = sorted(r for tr in state.tracks if not tr.done for r in tr.rows.tolist())
+    if live != state.live_rows:
+        state.live_rows = live
+        if state.on_rows_retired is not None:
+            state.on_rows_retired(torch.tensor(live, dtype=torch.long))
