@@ -1,11 +1,26 @@
-"""Measured per-shape dispatch with a persistent plan cache.
+"""The one dispatch layer: which implementation runs an op, measured per device and shape, and persisted.
 
-A kernel is only worth using where it is faster than the native op *on this device, for this shape*. The
-:class:`Planner` times each candidate once per distinct key (op, shapes, dtype, layout), keeps the fastest
-(an alternative must beat the native candidate by ``margin``, so timing noise never selects a slower
-kernel), and stores the decision in a JSON file keyed by device name and library versions
-(torch, triton, fastdiff). The next process reads the file instead of timing again; a corrupt file is
-ignored and rewritten.
+Why here: choosing an implementation needs fastdiff's policy (plan cache location, versions, what
+``fastdiff.report`` shows) while ``kernels/`` must stay a standalone package of kernels and references (it
+is loaded alone on a bare GPU image). ``fastdiff.ops`` is the layer both ``fastdiff.nn`` modules and users
+call, so the decision lives beside the ops and nowhere else: ``nn`` modules pass their cached transformed
+weight and their ``plans`` dict to the ops, and never re-implement "auto".
+
+Vocabulary (the only names for implementations, used as ``backend=`` values and in plan records):
+``"native"`` (PyTorch: cuDNN/oneDNN), ``"winograd_torch"`` (PyTorch batched-GEMM Winograd),
+``"winograd_triton"``, ``"gn_triton"`` (Triton GroupNorm+SiLU), ``"gn_triton+native_conv"`` and
+``"fused_triton"`` (GroupNorm+SiLU inside the Winograd input transform). ``"auto"`` means "measure".
+
+Eligibility (one rule, :func:`inference_only`): a non-native implementation runs only when no gradient is
+needed for ANY input (activations, weights, biases, norm affine parameters) and nothing traces, scripts,
+exports or compiles the call; otherwise native runs, whatever the backend asked for.
+
+Plans: :func:`choose` times each candidate once per key; keys start with the device type and name
+(:func:`device_tag`) and contain op, shape, dtype and layout, and each plan file is named after the device
+and the torch/triton/fastdiff versions, so a CPU plan is never used on CUDA (or one GPU's on another).
+An alternative must beat native by ``margin`` in two rounds; its first win at a real shape is then checked
+against native's output at that shape (relative error within a dtype tolerance), and a mismatch keeps
+native and is recorded (``verify``) so that ``fastdiff.report`` shows it.
 
 Cache directory: ``plan_cache_dir`` argument, else ``$FASTDIFF_CACHE_DIR/plans``, else
 ``~/.cache/fastdiff/plans``.
@@ -27,29 +42,75 @@ from pathlib import Path
 import torch
 
 NATIVE = "native"
+IMPLEMENTATIONS = (
+    NATIVE,
+    "winograd_torch",
+    "winograd_triton",
+    "gn_triton",
+    "gn_triton+native_conv",
+    "fused_triton",
+)
 # how much faster than native an alternative must measure to be kept
 DEFAULT_MARGIN = 0.03
+# relative error ||alt - native|| / ||native|| an alternative may show at its first real shape. Half precision
+# Winograd rounds its transformed operands (see tests/test_kernels_winograd.py), so about 3x native's own error.
+VERIFY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 # counters the tests (and curious users) can read: how many shapes were actually timed
 stats = {"timed": 0, "cache_hits": 0}
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("FASTDIFF_CACHE_DIR")
-    if env:
-        return Path(env) / "plans"
-    return Path.home() / ".cache" / "fastdiff" / "plans"
+# ---------------------------------------------------------------------------------------------------------
+# Eligibility
+# ---------------------------------------------------------------------------------------------------------
+def inference_only(*tensors) -> bool:
+    """True when no input needs a gradient and nothing traces/scripts/exports/compiles the call."""
+    if torch.jit.is_scripting() or torch.jit.is_tracing():
+        return False
+    if torch.onnx.is_in_onnx_export():
+        return False
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
 
+def check_backend(backend: str, allowed: tuple[str, ...]) -> None:
+    if backend not in allowed:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, allowed))}; got {backend!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------------------
 def device_name(device: torch.device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        from fastdiff._compat import cpu_model  # lead-owned helper (model string of the host CPU)
+        from fastdiff._compat import cpu_model
 
         return f"cpu-{cpu_model()}-{torch.get_num_threads()}threads"
     return device.type
+
+
+def device_tag(device: torch.device) -> str:
+    """``type:name`` -- the first field of every plan key."""
+    device = torch.device(device)
+    return f"{device.type}:{device_name(device)}"
+
+
+def layout_tag(x: torch.Tensor) -> str:
+    return (
+        "nhwc" if (x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()) else "nchw"
+    )
+
+
+def plan_key(op: str, x: torch.Tensor, **fields) -> str:
+    """``device|op|n..|c..|h..|w..|dtype|layout|field..`` for a 4-D input ``x``."""
+    n, c, h, w = x.shape
+    extra = "".join(f"|{k}{int(v) if isinstance(v, bool) else v}" for k, v in fields.items())
+    return f"{device_tag(x.device)}|{op}|n{n}|c{c}|h{h}|w{w}|{str(x.dtype)[6:]}|{layout_tag(x)}{extra}"
 
 
 def _versions() -> str:
@@ -62,19 +123,33 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")[:120]
 
 
+def default_cache_dir() -> Path:
+    env = os.environ.get("FASTDIFF_CACHE_DIR")
+    if env:
+        return Path(env) / "plans"
+    return Path.home() / ".cache" / "fastdiff" / "plans"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------------
 def measure(fns: dict[str, Callable[[], object]], device: torch.device, reps: int = 5) -> dict[str, float]:
     """Median seconds per call of each candidate.
 
-    CUDA: ``triton.testing.do_bench`` (L2-flushed, synchronised) with cuDNN autotuning on, so the native
-    conv is timed with its best algorithm. CPU: interleaved median of ``reps`` calls after one warm-up, so
-    machine noise hits every candidate alike.
+    CUDA: ``triton.testing.do_bench`` (L2-flushed, synchronised) with cuDNN autotuning on for the duration,
+    so the native conv is timed with its best algorithm; the flag is restored afterwards. CPU: interleaved
+    median of ``reps`` calls after one warm-up, so machine noise hits every candidate alike.
     """
     stats["timed"] += 1
     if torch.device(device).type == "cuda":
         import triton.testing
 
+        before = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = True
-        return {name: triton.testing.do_bench(fn, warmup=10, rep=40) / 1e3 for name, fn in fns.items()}
+        try:
+            return {name: triton.testing.do_bench(fn, warmup=10, rep=40) / 1e3 for name, fn in fns.items()}
+        finally:
+            torch.backends.cudnn.benchmark = before
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
@@ -86,12 +161,15 @@ def measure(fns: dict[str, Callable[[], object]], device: torch.device, reps: in
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Plan files
+# ---------------------------------------------------------------------------------------------------------
 class PlanCache:
     """Decisions for one device and library-version combination, persisted as one JSON file."""
 
     def __init__(self, cache_dir: str | os.PathLike | None, device: torch.device):
         self.dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.path = self.dir / f"{_slug(device_name(device))}--{_slug(_versions())}.json"
+        self.path = self.dir / f"{_slug(device_tag(device))}--{_slug(_versions())}.json"
         self._lock = threading.Lock()
         self.entries: dict[str, dict] = self._read()
 
@@ -119,7 +197,7 @@ class PlanCache:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".plan-", suffix=".json")
                 with os.fdopen(fd, "w") as f:
-                    json.dump({"format": 1, "entries": merged}, f, indent=1, sort_keys=True)
+                    json.dump({"format": 2, "entries": merged}, f, indent=1, sort_keys=True)
                 os.replace(tmp, self.path)  # atomic: readers never see half a file
             except OSError as err:  # a read-only home must not break inference
                 warnings.warn(f"could not write fastdiff plan cache {self.path}: {err}", stacklevel=3)
@@ -135,7 +213,7 @@ _CACHES: dict[tuple[str, str], PlanCache] = {}
 
 def get_plan_cache(cache_dir, device) -> PlanCache:
     device = torch.device(device)
-    key = (str(Path(cache_dir).resolve()) if cache_dir else str(default_cache_dir()), device_name(device))
+    key = (str(Path(cache_dir).resolve()) if cache_dir else str(default_cache_dir()), device_tag(device))
     cache = _CACHES.get(key)
     if cache is None:
         cache = _CACHES[key] = PlanCache(cache_dir, device)
@@ -147,11 +225,20 @@ def clear_memory_caches() -> None:
     _CACHES.clear()
 
 
-def _winner(times: dict[str, float], margin: float) -> str:
+# ---------------------------------------------------------------------------------------------------------
+# Choosing
+# ---------------------------------------------------------------------------------------------------------
+def winner(times: dict[str, float], margin: float = DEFAULT_MARGIN) -> str:
+    """The fastest candidate, but native unless the alternative is faster by more than ``margin``."""
     best = min(times, key=times.get)
     if best != NATIVE and times[best] > (1.0 - margin) * times[NATIVE]:
         return NATIVE
     return best
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref64 = ref.detach().double()
+    return ((out.detach().double() - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
 
 
 def choose(
@@ -160,15 +247,21 @@ def choose(
     device: torch.device,
     cache_dir=None,
     margin: float = DEFAULT_MARGIN,
+    *,
+    tolerance: float | None = None,
+    timer: Callable[[dict, torch.device], dict[str, float]] = None,
 ) -> tuple[str, dict]:
     """Pick the fastest candidate for ``key``; returns (name, record).
 
-    ``candidates`` must contain :data:`NATIVE`. With a single candidate nothing is timed.
+    ``candidates`` must contain :data:`NATIVE` and return the op's output. With a single candidate nothing is
+    timed. ``tolerance`` (relative error against native) enables the real-shape check of a new winner;
+    ``timer`` replaces :func:`measure` (tests drive the decision logic with a fake clock).
     """
     if NATIVE not in candidates:
         raise ValueError(f"candidates must include {NATIVE!r}, got {sorted(candidates)}")
     if len(candidates) == 1:
         return NATIVE, {"choice": NATIVE, "source": "only candidate"}
+    timer = timer or measure
     cache = get_plan_cache(cache_dir, device)
     record = cache.get(key)
     if record is not None and record["choice"] in candidates:
@@ -189,24 +282,52 @@ def choose(
             record = {"choice": NATIVE, "failed": failed}
             cache.put(key, record)
             return NATIVE, {**record, "source": "measured"}
-        times = measure(candidates, device)
-        best = _winner(times, margin)
+        times = timer(candidates, device)
+        best = winner(times, margin)
         confirm = None
         if best != NATIVE:  # confirm a non-native win with a second round (a busy machine misleads one)
-            confirm = measure({NATIVE: candidates[NATIVE], best: candidates[best]}, device)
-            if _winner(confirm, margin) != best:
+            confirm = timer({NATIVE: candidates[NATIVE], best: candidates[best]}, device)
+            if winner(confirm, margin) != best:
                 best = NATIVE
-    speedup = times[NATIVE] / times[best]
-    if confirm is not None and best != NATIVE:
-        speedup = min(speedup, confirm[NATIVE] / confirm[best])  # report the conservative round
-    record = {
-        "choice": best,
-        "times_ms": {k: round(v * 1e3, 4) for k, v in times.items()},
-        "speedup_vs_native": round(speedup, 3),
-    }
-    if failed:
-        record["failed"] = failed
+        verify = None
+        if best != NATIVE and tolerance is not None:  # first win at a real shape: same answer as native?
+            err = rel_error(candidates[best](), candidates[NATIVE]())
+            verify = {"candidate": best, "rel_err": err, "tolerance": tolerance, "passed": err <= tolerance}
+            if not verify["passed"]:
+                warnings.warn(
+                    f"fastdiff: {best} differs from native by {err:.2e} (tolerance {tolerance:.0e}) for {key}; "
+                    "keeping native",
+                    stacklevel=2,
+                )
+                best = NATIVE
+    record = {"choice": best, "times_ms": {k: round(v * 1e3, 4) for k, v in times.items()}}
     if confirm is not None:
         record["confirm_ms"] = {k: round(v * 1e3, 4) for k, v in confirm.items()}
+    if best != NATIVE:  # the conservative round's speed-up
+        record["speedup_vs_native"] = round(
+            min(times[NATIVE] / times[best], confirm[NATIVE] / confirm[best]), 3
+        )
+    if verify is not None:
+        record["verify"] = verify
+    if failed:
+        record["failed"] = failed
     cache.put(key, record)
     return best, {**record, "source": "measured"}
+
+
+def select(
+    key: str,
+    candidates: dict[str, Callable[[], object]],
+    device: torch.device,
+    *,
+    plan_cache_dir=None,
+    plans: dict | None = None,
+    tolerance: float | None = None,
+) -> str:
+    """The implementation to run for ``key``: the module's memo ``plans`` first, then :func:`choose`."""
+    if plans is not None and key in plans:
+        return plans[key]["choice"]
+    choice, record = choose(key, candidates, device, plan_cache_dir, tolerance=tolerance)
+    if plans is not None:
+        plans[key] = record
+    return choice
