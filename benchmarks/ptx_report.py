@@ -16,7 +16,7 @@ The kernel modules are loaded from ``kernels/`` by path, so nothing else of fast
 imported; this script runs unchanged with another Triton (e.g. the GPU image's 3.6) on ``sys.path``.
 
     python benchmarks/ptx_report.py            # all variants -> results/ptx_sm90.{json,md}
-    python benchmarks/ptx_report.py --limit 3  # a quick subset, printed only
+    python benchmarks/ptx_report.py --limit 1 --match float16  # a quick subset, printed only
 """
 
 from __future__ import annotations
@@ -306,12 +306,18 @@ def _config_label(const: dict, warps: int, stages: int) -> str:
     return f"{blocks} w{warps} s{stages}"
 
 
-def run(limit: int | None = None, only: str | None = None) -> list[dict]:
+def run(limit: int | None = None, only: str | None = None, match: str | None = None) -> list[dict]:
+    """Compile the variants (``only``: comma list of kernel names; ``match``: substring of the variant;
+    ``limit``: at most that many per kernel) and return one row each."""
     wg, gn = load_kernels()
-    rows, seen = [], set()
+    rows, seen, per_kernel = [], set(), {}
+    kernels = only.split(",") if only else None
     for kernel, variant, fn, types_, const, div, warps, stages in variants(wg, gn):
-        if only and only not in kernel:
+        if (kernels and kernel not in kernels) or (match and match not in variant):
             continue
+        if limit is not None and per_kernel.get(kernel, 0) >= limit:
+            continue
+        per_kernel[kernel] = per_kernel.get(kernel, 0) + 1
         key = (kernel, variant, _config_label(const, warps, stages))
         if key in seen:
             continue
@@ -323,8 +329,6 @@ def run(limit: int | None = None, only: str | None = None) -> list[dict]:
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-        if limit is not None and len(rows) >= limit:
-            break
     return rows
 
 
@@ -391,16 +395,21 @@ def write(rows: list[dict], name: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=int, default=None, help="compile only the first N variants (no files)")
-    ap.add_argument("--only", default=None, help="only kernels whose name contains this")
+    ap.add_argument(
+        "--limit", type=int, default=None, help="at most N variants per kernel (no files written)"
+    )
+    ap.add_argument("--only", default=None, help="comma list of kernel names, e.g. winograd_gemm,gn_stats")
+    ap.add_argument(
+        "--match", default=None, help="only variants whose description contains this, e.g. float16"
+    )
     ap.add_argument("--name", default="ptx_sm90", help="results file stem")
     args = ap.parse_args(argv)
     reason = cuda_compile_unavailable_reason()
     if reason:
         print(f"cannot compile for sm_90a here: {reason}")
         return 2
-    rows = run(args.limit, args.only)
-    if args.limit is None and args.only is None:
+    rows = run(args.limit, args.only, args.match)
+    if args.limit is None and args.only is None and args.match is None:
         write(rows, args.name)
     bad = [r for r in rows if "error" in r or r["spill_stores"] or r["spill_loads"]]
     print(f"{len(rows)} variants, {len(bad)} failing or spilling")

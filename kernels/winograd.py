@@ -35,6 +35,8 @@ is applied *after* the activation (padded taps are 0, not ``silu(shift)``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -392,7 +394,8 @@ def winograd_conv2d_triton(
     The output keeps the input's memory format (NCHW or channels_last); any input strides are accepted.
     ``configs`` ({"input": ..., "gemm": ..., "output": ...}, each a dict like those of :data:`INPUT_CONFIGS`,
     :data:`GEMM_CONFIGS`, :data:`OUTPUT_CONFIGS`; missing keys take the defaults) fixes the launch
-    configurations; a given "gemm" config skips the CUDA autotuning.
+    configurations; a given "gemm" config skips the CUDA autotuning, as does ``FASTDIFF_TRITON_AUTOTUNE=0``
+    (which takes the first of :data:`GEMM_CONFIGS`: what ``benchmarks/gpu_check.sh`` uses to bound compiles).
     """
     _check_conv_inputs(x, u, bias)
     check_triton_device(x, u, bias)
@@ -430,6 +433,8 @@ def winograd_conv2d_triton(
     )  # fmt: skip
 
     flags = dict(UPCAST=interp and x.dtype != torch.float32, IEEE=x.dtype == torch.float32)
+    if "gemm" not in configs and os.environ.get("FASTDIFF_TRITON_AUTOTUNE", "1") == "0":
+        configs["gemm"] = GEMM_CONFIGS[0]  # check runs: one config per shape, one compile per dtype
     if "gemm" not in configs:  # compiled, not forced: autotuned per (P, C, K)
         grid = lambda meta: (triton.cdiv(tiles, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_N"]), 16)
         _winograd_gemm_autotuned[grid](v, u, m, tiles, c, k, **flags)
