@@ -17,6 +17,7 @@ imported; this script runs unchanged with another Triton (e.g. the GPU image's 3
 
     python benchmarks/ptx_report.py            # all variants -> results/ptx_sm90.{json,md}
     python benchmarks/ptx_report.py --limit 1 --match float16  # a quick subset, printed only
+    other-triton/bin/python benchmarks/ptx_report.py --limit 3 --name ptx_sm90_triton36  # subset, written
 """
 
 from __future__ import annotations
@@ -332,7 +333,7 @@ def run(limit: int | None = None, only: str | None = None, match: str | None = N
     return rows
 
 
-def write(rows: list[dict], name: str) -> None:
+def write(rows: list[dict], name: str, subset: int | None = None) -> None:
     import torch
     import triton
 
@@ -350,6 +351,7 @@ def write(rows: list[dict], name: str) -> None:
         "host": platform.node(),
         "load": os.getloadavg(),
         "variants": len(rows),
+        "subset": subset,
         "failed": len(rows) - len(ok),
         "spilling": len(spilling),
         "max_registers": max((r["registers"] or 0 for r in ok), default=None),
@@ -370,7 +372,7 @@ def write(rows: list[dict], name: str) -> None:
         "`benchmarks/ptx_report.py`; registers and spills from `ptxas -v`, shared memory from Triton's "
         "metadata, per thread.",
         "",
-        f"{verdict} {len(rows)} variants, max {meta['max_registers']} registers, "
+        f"{verdict} {len(rows)} variants{' (a subset: at most ' + str(subset) + ' per kernel)' if subset else ''}, max {meta['max_registers']} registers, "
         f"{meta['total_compile_s']} s of compiles in all.",
         "",
         "| kernel | variant | config (blocks, warps, stages) | regs | spill st/ld B | smem B | wgmma | mma.sync | compile s |",
@@ -402,15 +404,28 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--match", default=None, help="only variants whose description contains this, e.g. float16"
     )
-    ap.add_argument("--name", default="ptx_sm90", help="results file stem")
+    ap.add_argument(
+        "--name", default=None, help="results file stem (default ptx_sm90; given: written for a subset too)"
+    )
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="replace the selected kernels' rows in the existing results file",
+    )
     args = ap.parse_args(argv)
     reason = cuda_compile_unavailable_reason()
     if reason:
         print(f"cannot compile for sm_90a here: {reason}")
         return 2
     rows = run(args.limit, args.only, args.match)
-    if args.limit is None and args.only is None and args.match is None:
-        write(rows, args.name)
+    if args.update:  # e.g. after changing one kernel's config: recompile it, keep the other kernels' rows
+        name = args.name or "ptx_sm90"
+        old = json.loads((RESULTS / f"{name}.json").read_text())
+        subset = old["meta"].get("subset")
+        fresh = {r["kernel"] for r in rows}
+        write([r for r in old["rows"] if r["kernel"] not in fresh] + rows, name, subset)
+    elif args.name or (args.limit is None and args.only is None and args.match is None):
+        write(rows, args.name or "ptx_sm90", args.limit)
     bad = [r for r in rows if "error" in r or r["spill_stores"] or r["spill_loads"]]
     print(f"{len(rows)} variants, {len(bad)} failing or spilling")
     return 1 if bad else 0

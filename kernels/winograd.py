@@ -151,7 +151,7 @@ def winograd_conv2d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch
 # Shipped launch configurations. The compile report (benchmarks/ptx_report.py) compiles every one of them
 # for sm_90a; tests run each under the interpreter. Transforms are memory-bound: one config each, sized so
 # that the 16 live tiles take <= 64 fp32 registers per thread. The GEMM is autotuned on CUDA.
-INPUT_CONFIGS = ({"BLOCK_P": 32, "BLOCK_C": 32, "num_warps": 4},)
+INPUT_CONFIGS = ({"BLOCK_P": 16, "BLOCK_C": 32, "num_warps": 4},)
 OUTPUT_CONFIGS = ({"BLOCK_P": 32, "BLOCK_K": 32, "num_warps": 4},)
 GEMM_CONFIGS = (
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3},

@@ -59,13 +59,23 @@ def test_conv3x3_backends_match_float64(data, backend, tmp_path):
     assert out.shape == ref.shape and rel_err(out, ref) <= 1e-5
 
 
+def spy(monkeypatch, module, name):
+    """Count calls of ``module.name`` (still calling it)."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
 @needs_triton
-def test_conv3x3_auto_runs_the_winning_kernel(data, tmp_path, triton_auto):
+def test_conv3x3_auto_runs_the_winning_kernel(data, tmp_path, triton_auto, monkeypatch):
     x, w, b, *_ = data
     plans = {}
-    out = conv3x3(x, w, b, plan_cache_dir=tmp_path, plans=plans)
+    conv3x3(x, w, b, plan_cache_dir=tmp_path, plans=plans)  # measures
     rec = next(iter(plans.values()))
     assert rec["choice"] == "winograd_triton" and rec["verify"]["passed"]
+    calls = spy(monkeypatch, ops_conv, "winograd_conv2d_triton")
+    out = conv3x3(x, w, b, plan_cache_dir=tmp_path, plans=plans)  # the planned call runs the kernel
+    assert len(calls) == 1
     assert rel_err(out, F.conv2d(x.double(), w.double(), b.double(), padding=1)) <= 1e-5
 
 
@@ -89,11 +99,14 @@ def test_group_norm_silu_backends(data, backend):
 
 
 @needs_triton
-def test_group_norm_silu_auto_runs_the_winning_kernel(data, tmp_path, triton_auto):
+def test_group_norm_silu_auto_runs_the_winning_kernel(data, tmp_path, triton_auto, monkeypatch):
     x, _, _, gamma, beta = data
     plans = {}
-    out = group_norm_silu(x, 4, gamma, beta, plan_cache_dir=tmp_path, plans=plans)
+    group_norm_silu(x, 4, gamma, beta, plan_cache_dir=tmp_path, plans=plans)
     assert next(iter(plans.values()))["choice"] == "gn_triton"
+    calls = spy(monkeypatch, ops_norm, "group_norm_silu_triton")
+    out = group_norm_silu(x, 4, gamma, beta, plan_cache_dir=tmp_path, plans=plans)
+    assert len(calls) == 1
     assert rel_err(out, F.silu(F.group_norm(x.double(), 4, gamma.double(), beta.double()))) <= 1e-5
 
 
