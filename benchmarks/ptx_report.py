@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import glob
-import importlib
 import json
 import os
 import platform
@@ -34,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,22 +42,12 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default today
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastdiff-ptx-report-")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _standalone_kernels import load_kernels  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 SMS_H200 = 132
 BATCH = 2
-
-
-def load_kernels():
-    """Import ``kernels/`` as a standalone package (no fastdiff top level, no diffusers)."""
-    name = "_fastdiff_kernels_standalone"
-    if name not in sys.modules:
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(ROOT / "kernels")]
-        sys.modules[name] = pkg
-    return (
-        importlib.import_module(f"{name}.winograd"),
-        importlib.import_module(f"{name}.group_norm_silu"),
-    )
 
 
 def _ptxas_path() -> str:
@@ -310,7 +298,8 @@ def _config_label(const: dict, warps: int, stages: int) -> str:
 def run(limit: int | None = None, only: str | None = None, match: str | None = None) -> list[dict]:
     """Compile the variants (``only``: comma list of kernel names; ``match``: substring of the variant;
     ``limit``: at most that many per kernel) and return one row each."""
-    wg, gn = load_kernels()
+    kernels = load_kernels()
+    wg, gn = kernels.wg, kernels.gn
     rows, seen, per_kernel = [], set(), {}
     kernels = only.split(",") if only else None
     for kernel, variant, fn, types_, const, div, warps, stages in variants(wg, gn):

@@ -20,12 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from fastdiff.kernels._device import triton_native
-from fastdiff.kernels.fused_norm_conv import group_norm_silu_conv3x3_triton
+from fastdiff.kernels.fused_norm_conv import group_norm_silu_conv3x3_reference, group_norm_silu_conv3x3_triton
 from fastdiff.kernels.group_norm_silu import (
     SUPPORTED_DTYPES,
     affine_silu_triton,
     check_group_norm_inputs,
     group_norm_scale_shift_triton,
+    group_norm_silu_reference,
     group_norm_silu_triton,
 )
 from fastdiff.kernels.winograd import transform_weight
@@ -63,18 +64,11 @@ def group_norm_silu(
     dispatch.check_backend(backend, GN_BACKENDS)
     _check(x, num_groups, weight, bias)
     run = {
-        dispatch.NATIVE: lambda: F.silu(F.group_norm(x, num_groups, weight, bias, eps)),
+        dispatch.NATIVE: lambda: group_norm_silu_reference(x, num_groups, weight, bias, eps),
         "gn_triton": lambda: group_norm_silu_triton(x, num_groups, weight, bias, eps),
     }
     key = dispatch.plan_key("gn_silu", x, g=num_groups)
     return run[_pick(backend, key, run, x, (weight, bias), plan_cache_dir, plans)]()
-
-
-def _native_chain(x, num_groups, gn_weight, gn_bias, eps, es, et):
-    y = F.group_norm(x, num_groups, gn_weight, gn_bias, eps)
-    if es is not None:
-        y = y * (1 + es[:, :, None, None]) + et[:, :, None, None]
-    return F.silu(y)
 
 
 def _gn_triton_chain(x, num_groups, gn_weight, gn_bias, eps, es, et):
@@ -114,7 +108,9 @@ def group_norm_silu_conv3x3(
     args = (x, num_groups, gn_weight, gn_bias, eps, es, et)
     get_u = (lambda: u) if u is not None else (lambda: transform_weight(conv_weight, x.dtype))
     run = {
-        dispatch.NATIVE: lambda: F.conv2d(_native_chain(*args), conv_weight, conv_bias, padding=1),
+        dispatch.NATIVE: lambda: group_norm_silu_conv3x3_reference(
+            x, num_groups, gn_weight, gn_bias, eps, conv_weight, conv_bias, es, et
+        ),
         "gn_triton+native_conv": lambda: F.conv2d(_gn_triton_chain(*args), conv_weight, conv_bias, padding=1),
         "fused_triton": lambda: group_norm_silu_conv3x3_triton(
             x, num_groups, gn_weight, gn_bias, eps, get_u(), conv_bias, extra_scale=es, extra_shift=et
