@@ -7,10 +7,13 @@
 #   bash benchmarks/gpu_check.sh --dry-run    # on a CPU: the same code paths at tiny shapes (CI runs it)
 #
 # The U-Net stages need diffusers, which the image lacks. Before the run, on a machine with network, put
-# its wheel beside this script (never commit it; *.whl is git-ignored, so pass the folder as carried):
+# its wheel beside this script (never commit it; if benchmarks/wheels/ is git-ignored, name it among the
+# paths carried to the GPU machine):
 #
 #   pip download --no-deps --only-binary=:all: -d benchmarks/wheels "diffusers==0.42.1"
 #
+# Its dependencies (huggingface-hub, regex, requests, filelock, safetensors, numpy, Pillow,
+# importlib_metadata) come with transformers on the image; a missing one shows as a failed U-Net row.
 # The kernel stages need nothing but torch and Triton: they load kernels/ standalone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
