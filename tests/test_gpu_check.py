@@ -35,6 +35,20 @@ def test_dry_run_passes_every_stage(tmp_path):
     assert rows[-1]["failures"] == 0 and proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+def test_gpu_check_imports_only_the_stdlib_at_module_level():
+    """torch, Triton, fastdiff and diffusers load inside the stages that need them, so a missing package
+    costs its stage, never the whole GPU run."""
+    import ast
+
+    allowed = set(sys.stdlib_module_names) | {"_standalone_kernels", "__future__"}
+    for script in ("gpu_check.py", "_standalone_kernels.py"):
+        tree = ast.parse((ROOT / "benchmarks" / script).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert {n.split(".")[0] for n in names} <= allowed, (script, names)
+
+
 def _modules_after(code: str) -> set[str]:
     script = textwrap.dedent(code) + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))\n"
     proc = subprocess.run(
