@@ -11,7 +11,7 @@ CPU (``--device cpu``): the PyTorch Winograd (batched GEMM over the 16 planes) v
 "auto" plan (WinogradConv2d after measuring) vs native: by construction auto keeps a kernel only where it
 measured faster. The Triton kernels are not timed on CPU: the interpreter proves correctness, never speed.
 
-CUDA (``--device cuda``): the fused Triton Winograd vs cuDNN (``cudnn.benchmark=True``), Triton GroupNorm+SiLU
+CUDA (``--device cuda``): the Triton Winograd (input transform, GEMM, output transform) vs cuDNN (``cudnn.benchmark=True``), Triton GroupNorm+SiLU
 vs eager, fused GroupNorm+SiLU+conv vs (Triton GroupNorm+SiLU, then cuDNN conv), via triton.testing.do_bench.
 
     nice -n 10 python benchmarks/kernels.py --device cpu --arch sd15 --size 512 --batch 2

@@ -9,11 +9,9 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import os
 
-# pip extra that provides each optional module
+# pip extra of fastdiff that provides each optional module (modules without one are installed by name)
 _EXTRAS = {
-    "triton": "triton",
     "xformers": "xformers",
     "flash_attn": "flash-attn",
     "flash_attn_interface": "flash-attn",
@@ -38,10 +36,10 @@ def is_available(module: str) -> bool:
 def require(module: str, feature: str):
     """Import and return `module`, or raise naming the pip extra that provides it."""
     if not is_available(module):
-        extra = _EXTRAS.get(module, module)
+        extra = _EXTRAS.get(module)
+        how = f"pip install 'fastdiff[{extra}]'" if extra else f"pip install {module}"
         raise MissingDependencyError(
-            f"{feature} needs the '{module}' package, which is not installed. "
-            f"Install it with: pip install 'fastdiff[{extra}]'"
+            f"{feature} needs the '{module}' package, which is not installed. Install it with: {how}"
         )
     return importlib.import_module(module)
 
@@ -57,41 +55,25 @@ def version_of(module: str) -> str | None:
     return getattr(mod, "__version__", "unknown")
 
 
-def triton_interpret() -> bool:
-    """Whether Triton kernels run through the interpreter (CPU tensors allowed)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Triton capability probes live with the kernels (which must not import fastdiff); one rule, re-exported.
+from fastdiff.kernels._device import (  # noqa: E402
+    triton_interpret,
+    triton_native,
+    triton_unusable_reason,
+    triton_usable,
+)
 
-
-def triton_usable(device) -> bool:
-    """Can a Triton kernel run on tensors of `device`?
-
-    On CUDA that needs triton installed; on CPU only the interpreter works,
-    and it must be enabled before the kernels are defined.
-    """
-    import torch
-
-    if not is_available("triton"):
-        return False
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.is_available()
-    return dev.type == "cpu" and triton_interpret()
-
-
-def triton_unusable_reason(device) -> str:
-    import torch
-
-    if not is_available("triton"):
-        return "triton is not installed (pip install 'fastdiff[triton]' on Linux)"
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        return (
-            "Triton kernels run on CPU tensors only through the interpreter; set "
-            "TRITON_INTERPRET=1 before importing fastdiff (slow: for testing only)"
-        )
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return "CUDA is not available"
-    return f"Triton does not support device type '{dev.type}'"
+__all__ = [
+    "MissingDependencyError",
+    "cpu_model",
+    "is_available",
+    "require",
+    "triton_interpret",
+    "triton_native",
+    "triton_unusable_reason",
+    "triton_usable",
+    "version_of",
+]
 
 
 def cpu_model() -> str:

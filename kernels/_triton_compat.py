@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._device import check_triton_device, triton_interpret
+
 try:  # Triton is absent on macOS/Windows and optional everywhere
     import triton
     import triton.language as tl
@@ -12,22 +14,10 @@ except Exception:  # pragma: no cover - depends on the platform
     tl = None
     HAS_TRITON = False
 
-
-def check_triton_device(*tensors) -> None:
-    """Raise a clear error unless Triton kernels can run on the tensors' device."""
-    from fastdiff._compat import triton_unusable_reason, triton_usable
-
-    device = tensors[0].device
-    for t in tensors[1:]:
-        if t is not None and t.device != device:
-            raise ValueError(f"all tensors must be on one device, got {device} and {t.device}")
-    if not HAS_TRITON or not triton_usable(device):
-        raise RuntimeError(f"Triton backend unavailable on {device}: {triton_unusable_reason(device)}")
+__all__ = ["HAS_TRITON", "check_triton_device", "interpreting", "tl", "triton"]
 
 
 def interpreting() -> bool:
-    from fastdiff._compat import triton_interpret
-
     return triton_interpret()
 
 

@@ -13,17 +13,29 @@ convolution needs 4 * 9 = 36 (2.25x fewer).
     G   = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]
     A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]
 
-The transformed input ``V`` is 4x larger than the input (16 values per 4 new pixels), so the Triton kernel
-never writes it: each program loads 4x4 input tiles for a block of tiles and channels, transforms them in
-registers, feeds the 16 ``tl.dot`` calls and applies the output transform before one store. Weights are
-transformed once by :func:`transform_weight` (callers cache the result).
+The Triton path is three kernels, each small enough to live in registers on sm_90a (zero spills in every
+shipped config; see ``benchmarks/results/ptx_sm90.md``):
 
-Optionally the kernel applies a per-(sample, channel) affine map and SiLU to every loaded input value --
+1. input transform: 4x4 input tiles -> ``V = B^T d B``, written as 16 planes ``V[i]`` of shape (tiles, C)
+   in the input dtype (each value rounded once, as the one-kernel design's ``tl.dot`` operands were);
+2. one batched GEMM ``M[i] = V[i] @ U[i]`` over the 16 planes (``tl.dot``, fp32 accumulation, wgmma on
+   Hopper), ``M`` kept in fp32 so that the output transform's cancellations see unrounded products;
+3. output transform ``Y = A^T M A`` plus bias, stored in the input's memory format.
+
+Why not one kernel: fusing all three keeps 16 fp32 accumulator tiles plus 16 input tiles live per program;
+for sm_90a ptxas spilled 0.8-10.6 KB per thread in every config of that design (255 registers, serialised
+wgmma), which cannot beat cuDNN. The split costs the V and M round trips through memory (4x the input and
+8x the output for half precision), which is why "auto" dispatch keeps cuDNN wherever it measures faster.
+Weights are transformed once by :func:`transform_weight` (callers cache the result).
+
+Optionally the input transform applies a per-(sample, channel) affine map and SiLU to every loaded value --
 that is how :mod:`fastdiff.kernels.fused_norm_conv` fuses GroupNorm+SiLU into the convolution. Zero padding
 is applied *after* the activation (padded taps are 0, not ``silu(shift)``).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -134,15 +146,33 @@ def winograd_conv2d_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Triton kernel
+# Triton kernels: input transform -> batched GEMM over the 16 planes -> output transform (+ bias)
 # ---------------------------------------------------------------------------------------------------------
+# Shipped launch configurations. The compile report (benchmarks/ptx_report.py) compiles every one of them
+# for sm_90a; tests run each under the interpreter. Transforms are memory-bound: one config each, sized so
+# that the 16 live tiles take <= 64 fp32 registers per thread. The GEMM is autotuned on CUDA.
+INPUT_CONFIGS = ({"BLOCK_P": 16, "BLOCK_C": 32, "num_warps": 4},)
+OUTPUT_CONFIGS = ({"BLOCK_P": 32, "BLOCK_K": 32, "num_warps": 4},)
+GEMM_CONFIGS = (
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+)
+# the interpreter runs one numpy op per block: fewer, mid-sized programs are fastest
+INTERPRETER_CONFIGS = {
+    "input": {"BLOCK_P": 16, "BLOCK_C": 32, "num_warps": 4},
+    "gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1},
+    "output": {"BLOCK_P": 16, "BLOCK_K": 32, "num_warps": 4},
+}
+
 if HAS_TRITON:
 
     @triton.jit
-    def _load_tap(x_ptr, x_base, c_off, cp_mask, h, w, H, W, sxh, sxw, scale, shift, FUSE_NORM: tl.constexpr):
+    def _load_tap(x_ptr, x_base, c_off, pc_mask, h, w, H, W, sxh, sxw, scale, shift, FUSE_NORM: tl.constexpr):
         """One input pixel for a block of tiles x channels, optionally normalised + SiLU, zero outside."""
         inside = (h >= 0) & (h < H) & (w >= 0) & (w < W)
-        mask = cp_mask & inside[:, None]
+        mask = pc_mask & inside[:, None]
         ptrs = x_ptr + (x_base + h.to(tl.int64) * sxh + w.to(tl.int64) * sxw)[:, None] + c_off[None, :]
         v = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
         if FUSE_NORM:
@@ -157,124 +187,146 @@ if HAS_TRITON:
         return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
     @triton.jit
-    def _tile_gemm(
-        acc, v, u_ptr, idx, CK, u_offs, u_mask,
-        DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    ):  # fmt: skip
-        """acc += V[idx] @ U[idx] with fp32 accumulation."""
-        u = tl.load(u_ptr + idx * CK + u_offs, mask=u_mask, other=0.0)
-        if EMULATE_BF16:  # interpreter: bf16 operands as exactly-rounded fp32 values, fp32 dot
-            return tl.dot(round_bf16_rne(v), u.to(tl.float32), acc, input_precision="ieee")
-        elif IEEE:
-            return tl.dot(v, u.to(tl.float32), acc, input_precision="ieee")
-        else:
-            return tl.dot(v.to(DOT_DTYPE), u.to(DOT_DTYPE), acc)
+    def _store_plane(v_ptr, i, PC, offs, mask, v, EMULATE_BF16: tl.constexpr):
+        if EMULATE_BF16:  # the interpreter's bf16 store truncates; round to nearest-even first
+            v = round_bf16_rne(v)
+        tl.store(v_ptr + i * PC + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _winograd_f2x3_kernel(
-        x_ptr, u_ptr, bias_ptr, y_ptr, scale_ptr, shift_ptr,
-        N, C, H, W, K, TH, TW,
+    def _winograd_input_kernel(
+        x_ptr, v_ptr, scale_ptr, shift_ptr,
+        C, H, W, TH, TW, P,
         sxn, sxc, sxh, sxw,
-        syn, syc, syh, syw,
-        HAS_BIAS: tl.constexpr, FUSE_NORM: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, IEEE: tl.constexpr, EMULATE_BF16: tl.constexpr,
-        BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+        FUSE_NORM: tl.constexpr, EMULATE_BF16: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     ):  # fmt: skip
-        pid_p = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)  # tile index over N * TH * TW
-        k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-        p_mask = p < N * TH * TW
-        k_mask = k < K
+        """V[i, p, c] = (B^T d B)[i] for the 4x4 input tile d of tile p, channel c."""
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        p_mask = p < P
+        c_mask = c < C
+        pc_mask = p_mask[:, None] & c_mask[None, :]
         n = p // (TH * TW)
         t = p % (TH * TW)
         h0 = (t // TW) * 2 - 1  # top-left input pixel of the 4x4 tile (padding 1)
         w0 = (t % TW) * 2 - 1
         x_base = n.to(tl.int64) * sxn
-        CK = C * K
+        c_off = c.to(tl.int64) * sxc
+        if FUSE_NORM:
+            nc = n[:, None] * C + c[None, :]
+            scale = tl.load(scale_ptr + nc, mask=pc_mask, other=0.0)
+            shift = tl.load(shift_ptr + nc, mask=pc_mask, other=0.0)
+        else:
+            scale = 0.0
+            shift = 0.0
+        # B^T along rows, one input column at a time (4 taps -> 4 values)
+        r00, r10, r20, r30 = _bt_combine(
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        )
+        r01, r11, r21, r31 = _bt_combine(
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        )
+        r02, r12, r22, r32 = _bt_combine(
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        )
+        r03, r13, r23, r33 = _bt_combine(
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        )
+        # B along columns; plane i = 4 * row + col, each stored as soon as it is formed
+        PC = P.to(tl.int64) * C
+        offs = p.to(tl.int64)[:, None] * C + c[None, :]
+        v0, v1, v2, v3 = _bt_combine(r00, r01, r02, r03)
+        _store_plane(v_ptr, 0, PC, offs, pc_mask, v0, EMULATE_BF16)
+        _store_plane(v_ptr, 1, PC, offs, pc_mask, v1, EMULATE_BF16)
+        _store_plane(v_ptr, 2, PC, offs, pc_mask, v2, EMULATE_BF16)
+        _store_plane(v_ptr, 3, PC, offs, pc_mask, v3, EMULATE_BF16)
+        v0, v1, v2, v3 = _bt_combine(r10, r11, r12, r13)
+        _store_plane(v_ptr, 4, PC, offs, pc_mask, v0, EMULATE_BF16)
+        _store_plane(v_ptr, 5, PC, offs, pc_mask, v1, EMULATE_BF16)
+        _store_plane(v_ptr, 6, PC, offs, pc_mask, v2, EMULATE_BF16)
+        _store_plane(v_ptr, 7, PC, offs, pc_mask, v3, EMULATE_BF16)
+        v0, v1, v2, v3 = _bt_combine(r20, r21, r22, r23)
+        _store_plane(v_ptr, 8, PC, offs, pc_mask, v0, EMULATE_BF16)
+        _store_plane(v_ptr, 9, PC, offs, pc_mask, v1, EMULATE_BF16)
+        _store_plane(v_ptr, 10, PC, offs, pc_mask, v2, EMULATE_BF16)
+        _store_plane(v_ptr, 11, PC, offs, pc_mask, v3, EMULATE_BF16)
+        v0, v1, v2, v3 = _bt_combine(r30, r31, r32, r33)
+        _store_plane(v_ptr, 12, PC, offs, pc_mask, v0, EMULATE_BF16)
+        _store_plane(v_ptr, 13, PC, offs, pc_mask, v1, EMULATE_BF16)
+        _store_plane(v_ptr, 14, PC, offs, pc_mask, v2, EMULATE_BF16)
+        _store_plane(v_ptr, 15, PC, offs, pc_mask, v3, EMULATE_BF16)
 
-        z = tl.zeros([BLOCK_P, BLOCK_K], dtype=tl.float32)
-        a00, a01, a02, a03 = z, z, z, z
-        a10, a11, a12, a13 = z, z, z, z
-        a20, a21, a22, a23 = z, z, z, z
-        a30, a31, a32, a33 = z, z, z, z
-
-        for c0 in range(0, C, BLOCK_C):
-            c = c0 + tl.arange(0, BLOCK_C)
-            c_mask = c < C
-            cp_mask = p_mask[:, None] & c_mask[None, :]
-            c_off = c.to(tl.int64) * sxc
-            if FUSE_NORM:
-                nc = n[:, None] * C + c[None, :]
-                scale = tl.load(scale_ptr + nc, mask=cp_mask, other=0.0)
-                shift = tl.load(shift_ptr + nc, mask=cp_mask, other=0.0)
+    @triton.jit
+    def _winograd_gemm_kernel(
+        v_ptr, u_ptr, m_ptr, P, C, K,
+        UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """M[i] = V[i] @ U[i] with V (16, P, C), U (16, C, K) in the input dtype and M (16, P, K) in fp32."""
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        i = tl.program_id(2).to(tl.int64)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = v_ptr + i * P * C + rm.to(tl.int64)[:, None] * C + rk[None, :]
+        b_ptrs = u_ptr + i * C * K + rk.to(tl.int64)[:, None] * K + rn[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, C, BLOCK_K):
+            a = tl.load(a_ptrs, mask=(rm[:, None] < P) & (rk[None, :] + k0 < C), other=0.0)
+            b = tl.load(b_ptrs, mask=(rk[:, None] + k0 < C) & (rn[None, :] < K), other=0.0)
+            if UPCAST:  # interpreter: half operands as exact fp32 values, fp32 dot
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+            elif IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                scale = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-                shift = scale
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K * K
+        m_ptrs = m_ptr + i * P * K + rm.to(tl.int64)[:, None] * K + rn[None, :]
+        tl.store(m_ptrs, acc, mask=(rm[:, None] < P) & (rn[None, :] < K))
 
-            # the 4x4 input tile, column by column; B^T along rows right after each column is loaded
-            ww = w0 + 0
-            r00, r10, r20, r30 = _bt_combine(
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 0, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 1, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 2, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 3, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            )
-            ww = w0 + 1
-            r01, r11, r21, r31 = _bt_combine(
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 0, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 1, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 2, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 3, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            )
-            ww = w0 + 2
-            r02, r12, r22, r32 = _bt_combine(
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 0, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 1, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 2, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 3, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            )
-            ww = w0 + 3
-            r03, r13, r23, r33 = _bt_combine(
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 0, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 1, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 2, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-                _load_tap(x_ptr, x_base, c_off, cp_mask, h0 + 3, ww, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            )
+    @triton.jit
+    def _at_column(m_ptr, j, PK, offs, mask):
+        """Rows of A^T applied to column j of the 4x4 M tile: (m0 + m1 + m2, m1 - m2 - m3)."""
+        m0 = tl.load(m_ptr + (0 + j) * PK + offs, mask=mask, other=0.0)
+        m1 = tl.load(m_ptr + (4 + j) * PK + offs, mask=mask, other=0.0)
+        m2 = tl.load(m_ptr + (8 + j) * PK + offs, mask=mask, other=0.0)
+        m3 = tl.load(m_ptr + (12 + j) * PK + offs, mask=mask, other=0.0)
+        return m0 + m1 + m2, m1 - m2 - m3
 
-            u_offs = c[:, None] * K + k[None, :]
-            u_mask = c_mask[:, None] & k_mask[None, :]
-            # (B^T d) B along columns, each transformed plane consumed by its GEMM right away
-            v0, v1, v2, v3 = _bt_combine(r00, r01, r02, r03)
-            a00 = _tile_gemm(a00, v0, u_ptr, 0, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a01 = _tile_gemm(a01, v1, u_ptr, 1, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a02 = _tile_gemm(a02, v2, u_ptr, 2, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a03 = _tile_gemm(a03, v3, u_ptr, 3, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            v0, v1, v2, v3 = _bt_combine(r10, r11, r12, r13)
-            a10 = _tile_gemm(a10, v0, u_ptr, 4, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a11 = _tile_gemm(a11, v1, u_ptr, 5, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a12 = _tile_gemm(a12, v2, u_ptr, 6, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a13 = _tile_gemm(a13, v3, u_ptr, 7, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            v0, v1, v2, v3 = _bt_combine(r20, r21, r22, r23)
-            a20 = _tile_gemm(a20, v0, u_ptr, 8, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a21 = _tile_gemm(a21, v1, u_ptr, 9, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a22 = _tile_gemm(a22, v2, u_ptr, 10, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a23 = _tile_gemm(a23, v3, u_ptr, 11, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            v0, v1, v2, v3 = _bt_combine(r30, r31, r32, r33)
-            a30 = _tile_gemm(a30, v0, u_ptr, 12, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a31 = _tile_gemm(a31, v1, u_ptr, 13, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a32 = _tile_gemm(a32, v2, u_ptr, 14, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-            a33 = _tile_gemm(a33, v3, u_ptr, 15, CK, u_offs, u_mask, DOT_DTYPE, IEEE, EMULATE_BF16)
-
-        # A^T M A: first combine rows (index i), then columns (index j)
-        o00 = a00 + a10 + a20
-        o01 = a01 + a11 + a21
-        o02 = a02 + a12 + a22
-        o03 = a03 + a13 + a23
-        o10 = a10 - a20 - a30
-        o11 = a11 - a21 - a31
-        o12 = a12 - a22 - a32
-        o13 = a13 - a23 - a33
+    @triton.jit
+    def _winograd_output_kernel(
+        m_ptr, bias_ptr, y_ptr,
+        H, W, K, TH, TW, P,
+        syn, syc, syh, syw,
+        HAS_BIAS: tl.constexpr, EMULATE_BF16: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """Y = A^T M A (+ bias): the 2x2 output pixels of each tile, in the output's strides."""
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        p_mask = p < P
+        k_mask = k < K
+        pk_mask = p_mask[:, None] & k_mask[None, :]
+        PK = P.to(tl.int64) * K
+        offs = p.to(tl.int64)[:, None] * K + k[None, :]
+        o00, o10 = _at_column(m_ptr, 0, PK, offs, pk_mask)
+        o01, o11 = _at_column(m_ptr, 1, PK, offs, pk_mask)
+        o02, o12 = _at_column(m_ptr, 2, PK, offs, pk_mask)
+        o03, o13 = _at_column(m_ptr, 3, PK, offs, pk_mask)
         y00 = o00 + o01 + o02
         y01 = o01 - o02 - o03
         y10 = o10 + o11 + o12
@@ -285,60 +337,44 @@ if HAS_TRITON:
             y01 += b
             y10 += b
             y11 += b
-
         if EMULATE_BF16:  # the interpreter's bf16 store truncates; round to nearest-even first
             y00 = round_bf16_rne(y00)
             y01 = round_bf16_rne(y01)
             y10 = round_bf16_rne(y10)
             y11 = round_bf16_rne(y11)
-
-        oh = h0 + 1
-        ow = w0 + 1
+        n = p // (TH * TW)
+        t = p % (TH * TW)
+        oh = (t // TW) * 2
+        ow = (t % TW) * 2
         y_base = (n.to(tl.int64) * syn)[:, None] + (k.to(tl.int64) * syc)[None, :]
-        pk_mask = p_mask[:, None] & k_mask[None, :]
-        out_ty = y_ptr.dtype.element_ty
-        for_rows = (oh < H)[:, None]
-        for_rows1 = (oh + 1 < H)[:, None]
-        for_cols = (ow < W)[:, None]
-        for_cols1 = (ow + 1 < W)[:, None]
         row0 = (oh.to(tl.int64) * syh)[:, None]
         row1 = ((oh + 1).to(tl.int64) * syh)[:, None]
         col0 = (ow.to(tl.int64) * syw)[:, None]
         col1 = ((ow + 1).to(tl.int64) * syw)[:, None]
-        tl.store(y_ptr + y_base + row0 + col0, y00.to(out_ty), mask=pk_mask & for_rows & for_cols)
-        tl.store(y_ptr + y_base + row0 + col1, y01.to(out_ty), mask=pk_mask & for_rows & for_cols1)
-        tl.store(y_ptr + y_base + row1 + col0, y10.to(out_ty), mask=pk_mask & for_rows1 & for_cols)
-        tl.store(y_ptr + y_base + row1 + col1, y11.to(out_ty), mask=pk_mask & for_rows1 & for_cols1)
+        in_r1 = (oh + 1 < H)[:, None]
+        in_c1 = (ow + 1 < W)[:, None]
+        out_ty = y_ptr.dtype.element_ty
+        tl.store(y_ptr + y_base + row0 + col0, y00.to(out_ty), mask=pk_mask)
+        tl.store(y_ptr + y_base + row0 + col1, y01.to(out_ty), mask=pk_mask & in_c1)
+        tl.store(y_ptr + y_base + row1 + col0, y10.to(out_ty), mask=pk_mask & in_r1)
+        tl.store(y_ptr + y_base + row1 + col1, y11.to(out_ty), mask=pk_mask & in_r1 & in_c1)
 
-
-_TL_DTYPES = {}
-if HAS_TRITON:
-    _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-    # On a GPU the block shape is tuned once per (C, K, H, W): 16 fp32 accumulators of BLOCK_P x BLOCK_K and
-    # 16 transformed input tiles of BLOCK_P x BLOCK_C share the register file, so the space stays small.
-    _winograd_f2x3_autotuned = triton.autotune(
+    # The GEMM is the only compute-bound part: on CUDA its block shape is tuned once per (P, C, K).
+    _winograd_gemm_autotuned = triton.autotune(
         configs=[
-            triton.Config({"BLOCK_P": bp, "BLOCK_K": bk, "BLOCK_C": bc}, num_warps=w, num_stages=s)
-            for bp, bk, bc, w, s in [
-                (32, 32, 16, 4, 2),
-                (64, 32, 16, 4, 2),
-                (32, 64, 16, 4, 2),
-                (64, 64, 16, 8, 2),
-                (32, 32, 32, 4, 2),
-                (16, 64, 32, 4, 2),
-            ]
+            triton.Config(
+                {k: v for k, v in cfg.items() if k.startswith("BLOCK")},
+                num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"],
+            )
+            for cfg in GEMM_CONFIGS
         ],
-        key=["C", "K", "H", "W"],
-    )(_winograd_f2x3_kernel)
+        key=["P", "C", "K"],
+    )(_winograd_gemm_kernel)
 
 
-def _block_sizes(c: int, k: int, tiles: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_P, BLOCK_K, BLOCK_C, num_warps). 16 fp32 accumulators of BLOCK_P x BLOCK_K live in registers,
-    so blocks stay small; tl.dot needs every dimension >= 16."""
-    if device.type != "cuda":  # interpreter: fewer, larger programs run faster
-        return 16, 32 if k > 16 else 16, 32 if c > 16 else 16, 4
-    return 32, 32 if k > 16 else 16, 16, 4
+def _launch_opts(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k.startswith("BLOCK") or k in ("num_warps", "num_stages")}
 
 
 def winograd_conv2d_triton(
@@ -349,13 +385,17 @@ def winograd_conv2d_triton(
     norm_scale: torch.Tensor | None = None,
     norm_shift: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    block_sizes: tuple[int, int, int, int] | None = None,
+    configs: dict | None = None,
 ) -> torch.Tensor:
-    """Launch the fused Winograd kernel. ``u`` comes from :func:`transform_weight` (in ``x.dtype``).
+    """Winograd F(2x2,3x3) conv in three Triton launches. ``u`` comes from :func:`transform_weight`.
 
     With ``norm_scale``/``norm_shift`` (fp32, shape (N, C)) every input value becomes
     ``silu(x * scale[n, c] + shift[n, c])`` before the transform (padding stays zero).
-    The output keeps the input's memory format (NCHW or channels_last); any strides are accepted.
+    The output keeps the input's memory format (NCHW or channels_last); any input strides are accepted.
+    ``configs`` ({"input": ..., "gemm": ..., "output": ...}, each a dict like those of :data:`INPUT_CONFIGS`,
+    :data:`GEMM_CONFIGS`, :data:`OUTPUT_CONFIGS`; missing keys take the defaults) fixes the launch
+    configurations; a given "gemm" config skips the CUDA autotuning, as does ``FASTDIFF_TRITON_AUTOTUNE=0``
+    (which takes the first of :data:`GEMM_CONFIGS`: what ``benchmarks/gpu_check.sh`` uses to bound compiles).
     """
     _check_conv_inputs(x, u, bias)
     check_triton_device(x, u, bias)
@@ -364,6 +404,7 @@ def winograd_conv2d_triton(
     n, c, h, w = x.shape
     k = u.shape[2]
     th, tw = (h + 1) // 2, (w + 1) // 2
+    tiles = n * th * tw
     fuse = norm_scale is not None
     if fuse != (norm_shift is not None):
         raise ValueError("norm_scale and norm_shift must be given together")
@@ -372,27 +413,40 @@ def winograd_conv2d_triton(
     if out is None:
         fmt = torch.channels_last if (x.stride(1) == 1 and c > 1) else torch.contiguous_format
         out = torch.empty((n, k, h, w), device=x.device, dtype=x.dtype, memory_format=fmt)
-    u = u.to(x.dtype).contiguous()
-    dummy = u  # never dereferenced when the matching flag is off
-    args = (
-        x, u, bias if bias is not None else dummy, out,
-        norm_scale.contiguous() if fuse else dummy, norm_shift.contiguous() if fuse else dummy,
-        n, c, h, w, k, th, tw,
-        *x.stride(), *out.stride(),
-    )  # fmt: skip
-    flags = dict(
-        HAS_BIAS=bias is not None,
-        FUSE_NORM=fuse,
-        DOT_DTYPE=_TL_DTYPES[x.dtype],
-        IEEE=x.dtype == torch.float32,
-        EMULATE_BF16=x.dtype == torch.bfloat16 and interpreting(),
-    )
-    tiles = n * th * tw
-    if block_sizes is None and x.device.type == "cuda" and not interpreting():
-        grid = lambda meta: (triton.cdiv(tiles, meta["BLOCK_P"]), triton.cdiv(k, meta["BLOCK_K"]))
-        _winograd_f2x3_autotuned[grid](*args, **flags)
+    if tiles == 0 or k == 0:
         return out
-    bp, bk, bc, warps = block_sizes or _block_sizes(c, k, tiles, x.device)
-    grid = (triton.cdiv(tiles, bp), triton.cdiv(k, bk))
-    _winograd_f2x3_kernel[grid](*args, **flags, BLOCK_P=bp, BLOCK_K=bk, BLOCK_C=bc, num_warps=warps)
+    interp = interpreting()
+    defaults = INTERPRETER_CONFIGS if interp else {"input": INPUT_CONFIGS[0], "output": OUTPUT_CONFIGS[0]}
+    configs = {**defaults, **(configs or {})}
+    emulate_bf16 = x.dtype == torch.bfloat16 and interp
+    u = u.to(x.dtype).contiguous()
+    v = torch.empty((16, tiles, c), device=x.device, dtype=x.dtype)
+    m = torch.empty((16, tiles, k), device=x.device, dtype=torch.float32)
+
+    cfg = configs["input"]
+    scale = norm_scale.contiguous().float() if fuse else v  # never dereferenced unless FUSE_NORM
+    shift = norm_shift.contiguous().float() if fuse else v
+    grid = (triton.cdiv(tiles, cfg["BLOCK_P"]), triton.cdiv(c, cfg["BLOCK_C"]))
+    _winograd_input_kernel[grid](
+        x, v, scale, shift, c, h, w, th, tw, tiles, *x.stride(),
+        FUSE_NORM=fuse, EMULATE_BF16=emulate_bf16, **_launch_opts(cfg),
+    )  # fmt: skip
+
+    flags = dict(UPCAST=interp and x.dtype != torch.float32, IEEE=x.dtype == torch.float32)
+    if "gemm" not in configs and os.environ.get("FASTDIFF_TRITON_AUTOTUNE", "1") == "0":
+        configs["gemm"] = GEMM_CONFIGS[0]  # check runs: one config per shape, one compile per dtype
+    if "gemm" not in configs:  # compiled, not forced: autotuned per (P, C, K)
+        grid = lambda meta: (triton.cdiv(tiles, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_N"]), 16)
+        _winograd_gemm_autotuned[grid](v, u, m, tiles, c, k, **flags)
+    else:
+        cfg = configs["gemm"]
+        grid = (triton.cdiv(tiles, cfg["BLOCK_M"]), triton.cdiv(k, cfg["BLOCK_N"]), 16)
+        _winograd_gemm_kernel[grid](v, u, m, tiles, c, k, **flags, **_launch_opts(cfg))
+
+    cfg = configs["output"]
+    grid = (triton.cdiv(tiles, cfg["BLOCK_P"]), triton.cdiv(k, cfg["BLOCK_K"]))
+    _winograd_output_kernel[grid](
+        m, bias if bias is not None else m, out, h, w, k, th, tw, tiles, *out.stride(),
+        HAS_BIAS=bias is not None, EMULATE_BF16=emulate_bf16, **_launch_opts(cfg),
+    )  # fmt: skip
     return out

@@ -3,22 +3,19 @@
 Half precision: the kernels compute in fp32 and round once on output, so their error is compared with
 the native PyTorch path (F.group_norm + F.silu in that dtype on this device) on the same inputs: <= 2x.
 The fused conv adds Winograd's operand roundings (see test_kernels_winograd.py): <= 3x native.
+Compiled kernels run where CUDA exists; the interpreter (set by conftest.py) only where it does not.
 """
 
-import os
+import pytest
+import torch
+import torch.nn.functional as F
+from fastdiff.kernels import fused_norm_conv as fk
+from fastdiff.kernels import group_norm_silu as gk
+from fastdiff.kernels.winograd import transform_weight
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from fastdiff.kernels import fused_norm_conv as fk  # noqa: E402
-from fastdiff.kernels import group_norm_silu as gk  # noqa: E402
-from fastdiff.kernels.winograd import transform_weight  # noqa: E402
-from hypothesis import assume, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from fastdiff._compat import triton_usable  # noqa: E402
+from fastdiff._compat import triton_usable
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(

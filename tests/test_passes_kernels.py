@@ -1,24 +1,25 @@
-"""Drop-in modules (WinogradConv2d, GroupNormSiLU, FusedResnetBlock2D), plan cache and the optimize passes."""
+"""Drop-in modules (WinogradConv2d, GroupNormSiLU, FusedResnetBlock2D), plan cache and the optimize passes.
+
+CPU tensors throughout; the Triton paths run under the interpreter that conftest.py enables when CUDA is
+absent (a CUDA machine skips the CPU-interpreter cases and runs the compiled kernels in the kernel tests).
+"""
 
 import copy
 import json
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import torch.nn.functional as F
+from diffusers import UNet2DConditionModel
+from diffusers.models.resnet import ResnetBlock2D
+from torch import nn
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from diffusers import UNet2DConditionModel  # noqa: E402
-from diffusers.models.resnet import ResnetBlock2D  # noqa: E402
-from fastdiff.kernels import dispatch  # noqa: E402
-from torch import nn  # noqa: E402
-
-import fastdiff  # noqa: E402
-from fastdiff._compat import triton_usable  # noqa: E402
-from fastdiff.nn.norm_act import FusedResnetBlock2D, GroupNormSiLU  # noqa: E402
-from fastdiff.nn.winograd import WinogradConv2d  # noqa: E402
-from fastdiff.testing.probe import unet_probe_inputs  # noqa: E402
+import fastdiff
+from fastdiff._compat import triton_usable
+from fastdiff.nn.norm_act import FusedResnetBlock2D, GroupNormSiLU
+from fastdiff.nn.winograd import WinogradConv2d
+from fastdiff.ops import dispatch
+from fastdiff.testing.probe import unet_probe_inputs
 
 needs_triton = pytest.mark.skipif(not triton_usable("cpu"), reason="needs TRITON_INTERPRET=1 on CPU")
 
@@ -64,7 +65,7 @@ def test_ineligible_convs_are_refused_with_reason(kwargs, reason):
         WinogradConv2d.from_module(nn.Conv2d(4, 4, 3, padding=0))
 
 
-@pytest.mark.parametrize("backend", ["auto", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["auto", pytest.param("winograd_triton", marks=needs_triton)])
 def test_forced_winograd_matches_and_weight_cache_invalidates(backend):
     conv = make_conv()
     wconv = WinogradConv2d.from_module(conv, mode=True, winograd_backend=backend)
@@ -80,7 +81,7 @@ def test_forced_winograd_matches_and_weight_cache_invalidates(backend):
         assert rel_err(wconv(x), F.conv2d(x, conv.weight, conv.bias, padding=1)) <= 1e-5
         assert wconv.weight_cache.rebuilds == 3
     choice = next(iter(wconv.plan_summary().values()))["choice"]
-    assert choice == ("winograd_triton" if backend == "triton" else "winograd_torch")  # no CUDA here
+    assert choice == ("winograd_triton" if backend == "winograd_triton" else "winograd_torch")  # no CUDA here
 
 
 def test_gradients_use_native_path():
@@ -103,7 +104,6 @@ def test_plans_persist_across_instances_and_processes(tmp_path):
         assert dispatch.stats["timed"] > t0
         rec = next(iter(first.plan_summary().values()))
         assert rec["source"] == "measured" and rec["choice"] in ("native", "winograd_torch")
-        assert rec["speedup_vs_native"] >= 1.0  # only winners are kept
         files = list(tmp_path.glob("*.json"))
         assert len(files) == 1 and "torch" in files[0].name and "triton" in files[0].name
 
@@ -123,23 +123,27 @@ def test_plans_persist_across_instances_and_processes(tmp_path):
         assert json.loads(files[0].read_text())["entries"]
 
 
-def test_failing_candidate_is_never_chosen(tmp_path):
-    def broken():
-        raise RuntimeError("no kernel for this GPU")
-
-    calls = []
-    with pytest.warns(UserWarning, match="broken"):
-        choice, rec = dispatch.choose(
-            "test|broken",
-            {"native": lambda: calls.append(1), "broken": broken},
-            torch.device("cpu"),
-            tmp_path,
-        )
-    assert choice == "native" and "RuntimeError" in rec["failed"]["broken"]
+def test_module_moved_to_another_device_measures_again(tmp_path, monkeypatch):
+    """A plan measured on one device is never reused on another (a fake second device stands in for a GPU)."""
+    conv = make_conv(16, 16)
+    x = torch.randn(2, 16, 12, 12)
+    wconv = WinogradConv2d.from_module(conv, plan_cache_dir=tmp_path)
+    with torch.no_grad():
+        wconv(x)
+        t0 = dispatch.stats["timed"]
+        wconv(x)
+        assert dispatch.stats["timed"] == t0  # same device: the plan is reused
+        monkeypatch.setattr(dispatch, "device_name", lambda device: "Fake Accelerator 2")
+        dispatch.clear_memory_caches()
+        assert rel_err(wconv(x), conv(x)) <= 1e-5
+    assert dispatch.stats["timed"] > t0, "the other device's plan was reused"
+    devices = sorted({key.split("|")[0] for key in wconv.plan_summary()})
+    assert len(devices) == 2 and devices[0].startswith("cpu:Fake Accelerator 2")
+    assert len(list(tmp_path.glob("*.json"))) == 2
 
 
 # --- GroupNormSiLU and FusedResnetBlock2D ---------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["auto", "torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["auto", "native", pytest.param("gn_triton", marks=needs_triton)])
 def test_group_norm_silu_module(backend):
     torch.manual_seed(0)
     gn = nn.GroupNorm(4, 8)
@@ -150,6 +154,19 @@ def test_group_norm_silu_module(backend):
     x = torch.randn(2, 8, 5, 5)
     with torch.no_grad():
         assert rel_err(fused(x), F.silu(gn(x))) <= 1e-5
+
+
+@needs_triton
+def test_trainable_group_norm_weight_keeps_its_gradient():
+    """Regression: the fast path used to check only x.requires_grad, dropping a trainable weight's gradient."""
+    torch.manual_seed(0)
+    gn = nn.GroupNorm(4, 8)
+    fused = GroupNormSiLU.from_module(copy.deepcopy(gn), backend="gn_triton")
+    x = torch.randn(2, 8, 5, 5)  # the input needs no gradient, the weight does
+    fused(x).square().sum().backward()
+    F.silu(gn(x)).square().sum().backward()
+    assert fused.weight.grad is not None and torch.allclose(fused.weight.grad, gn.weight.grad, atol=1e-5)
+    assert torch.allclose(fused.bias.grad, gn.bias.grad, atol=1e-5)
 
 
 def _block(**kw):
@@ -178,7 +195,7 @@ BLOCKS = {
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_fused_resnet_block_matches_original(name):
     block = _block(**BLOCKS[name])
-    fused = FusedResnetBlock2D.from_module(block, backend="triton")
+    fused = FusedResnetBlock2D.from_module(block, backend="fused_triton")
     assert list(fused.state_dict()) == list(block.state_dict())
     assert all(a is b for a, b in zip(fused.parameters(), block.parameters()))
     x = torch.randn(2, 8, 6, 6)
@@ -189,7 +206,7 @@ def test_fused_resnet_block_matches_original(name):
 
 def test_fused_resnet_block_training_dropout_and_grads_follow_original():
     block = _block(dropout=0.5).train()
-    fused = FusedResnetBlock2D.from_module(block, backend="triton")
+    fused = FusedResnetBlock2D.from_module(block, backend="fused_triton")
     x, temb = torch.randn(2, 8, 6, 6), torch.randn(2, 12)
     torch.manual_seed(1)
     ref = block(x, temb)
@@ -273,8 +290,12 @@ def test_optimize_auto_on_cpu_keeps_only_measured_winners(tmp_path):
         if rec["source"] == "measured"
     ]
     assert plans, "the verification probe should have measured at least one shape"
-    for rec in plans:
-        assert rec["choice"] in ("native", "winograd_torch") and rec["speedup_vs_native"] >= 1.0
+    for rec in plans:  # a kept alternative won both timing rounds and matched native at that shape
+        assert rec["choice"] in ("native", "winograd_torch")
+        if rec["choice"] != "native":
+            assert rec["verify"]["passed"]
+            for times in (rec["times_ms"], rec["confirm_ms"]):
+                assert times["winograd_torch"] < (1 - dispatch.DEFAULT_MARGIN) * times["native"]
 
 
 def test_winograd_pass_under_peft_lora(tmp_path):

@@ -1,9 +1,12 @@
 """Fused GroupNorm+SiLU modules: ``GroupNormSiLU`` and a ``ResnetBlock2D`` with fused norm->SiLU->conv.
 
 Both are built with ``from_module`` and share the original Parameters (state_dict unchanged). Their
-``backend`` is ``"auto"`` (Triton kernels where they run compiled and measured faster per shape, the
-PyTorch reference otherwise), ``"triton"`` (forced; on CPU only under ``TRITON_INTERPRET=1``) or ``"torch"``.
-When gradients are needed or the model is being traced/exported/compiled, the original code path runs.
+``backend`` is a value of :mod:`fastdiff.ops.dispatch`'s vocabulary: ``"auto"`` (Triton kernels where they
+run compiled and measured faster per shape, native otherwise), ``"native"``, or a forced Triton
+implementation (``"gn_triton"``; for the block also ``"gn_triton+native_conv"`` / ``"fused_triton"``; on CPU
+only under ``TRITON_INTERPRET=1``). The modules only call :func:`fastdiff.ops.group_norm_silu` and
+:func:`fastdiff.ops.group_norm_silu_conv3x3` (with their cached transformed conv weight and ``plans`` memo):
+when any input or parameter needs a gradient, or the model is traced/exported/compiled, native runs.
 """
 
 from __future__ import annotations
@@ -13,29 +16,15 @@ import torch.nn.functional as F
 from diffusers.models.resnet import ResnetBlock2D
 from torch import nn
 
-from fastdiff.kernels import dispatch
-from fastdiff.kernels.fused_norm_conv import group_norm_silu_conv3x3_triton
-from fastdiff.kernels.group_norm_silu import (
-    SUPPORTED_DTYPES,
-    affine_silu_triton,
-    group_norm_scale_shift_triton,
-    group_norm_silu_triton,
-)
+from fastdiff.kernels.group_norm_silu import SUPPORTED_DTYPES
 from fastdiff.nn.winograd import (
     TransformedWeightCache,
     WinogradConv2d,
-    inference_only,
     share_module_state,
     winograd_ineligible_reason,
 )
-from fastdiff.ops.conv import layout_tag, triton_native
-
-BACKENDS = ("auto", "triton", "torch")
-
-
-def _check_backend(backend):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+from fastdiff.ops import dispatch
+from fastdiff.ops.norm import GN_BACKENDS, GN_CONV_BACKENDS, group_norm_silu, group_norm_silu_conv3x3
 
 
 class GroupNormSiLU(nn.GroupNorm):
@@ -54,30 +43,18 @@ class GroupNormSiLU(nn.GroupNorm):
         self._init_fused(backend, plan_cache_dir)
 
     def _init_fused(self, backend, plan_cache_dir) -> None:
-        _check_backend(backend)
+        dispatch.check_backend(backend, GN_BACKENDS)
         self.backend = backend
         self.plan_cache_dir = plan_cache_dir
         self.plans = {}
 
-    def _reference(self, x):
-        return F.silu(F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps))
-
-    def _triton(self, x):
-        return group_norm_silu_triton(x, self.num_groups, self.weight, self.bias, self.eps)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend == "torch" or x.dim() != 4 or x.dtype not in SUPPORTED_DTYPES:
-            return self._reference(x)
-        if self.backend == "triton":
-            return self._triton(x)
-        if not triton_native(x.device) or not inference_only(x, self.weight, self.bias):
-            return self._reference(x)
-        n, c, h, w = x.shape
-        key = f"gn_silu|n{n}|c{c}|g{self.num_groups}|h{h}|w{w}|{str(x.dtype)[6:]}|{layout_tag(x)}"
-        if key not in self.plans:
-            runs = {dispatch.NATIVE: lambda: self._reference(x), "triton": lambda: self._triton(x)}
-            self.plans[key] = dispatch.choose(key, runs, x.device, self.plan_cache_dir)[1]
-        return self._triton(x) if self.plans[key]["choice"] == "triton" else self._reference(x)
+        if x.dim() != 4 or x.dtype not in SUPPORTED_DTYPES:
+            return F.silu(F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps))
+        return group_norm_silu(
+            x, self.num_groups, self.weight, self.bias, self.eps,
+            backend=self.backend, plan_cache_dir=self.plan_cache_dir, plans=self.plans,
+        )  # fmt: skip
 
     def plan_summary(self) -> dict:
         return {key: dict(rec) for key, rec in self.plans.items()}
@@ -128,69 +105,36 @@ class FusedResnetBlock2D(ResnetBlock2D):
         self._init_fused(backend, plan_cache_dir)
 
     def _init_fused(self, backend, plan_cache_dir) -> None:
-        _check_backend(backend)
+        dispatch.check_backend(backend, GN_CONV_BACKENDS)
         self.backend = backend
         self.plan_cache_dir = plan_cache_dir
         self.plans = {}
         self.weight_caches = {"conv1": TransformedWeightCache(), "conv2": TransformedWeightCache()}
 
-    # -- the three ways to run norm -> (scale/shift) -> SiLU -> conv -------------------------------------
     def _unfused(self, x, norm, conv, es, et):
+        """The original module sequence (what runs for training and wherever native is chosen)."""
         y = norm(x)
         if es is not None:
             y = y * (1 + es[:, :, None, None]) + et[:, :, None, None]
         return conv(self.nonlinearity(y))
 
-    def _norm_triton_then_conv(self, x, norm, conv, es, et):
-        if es is None:
-            y = group_norm_silu_triton(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
-        else:
-            scale, shift = group_norm_scale_shift_triton(
-                x, norm.num_groups, norm.weight, norm.bias, norm.eps, extra_scale=es, extra_shift=et
-            )
-            y = affine_silu_triton(x, scale, shift)
-        return conv(y)
-
-    def _fused(self, x, norm, conv, name, es, et):
-        cache = conv.weight_cache if isinstance(conv, WinogradConv2d) else self.weight_caches[name]
-        u = cache.get(conv.weight, x.dtype)
-        bias = conv.bias.to(x.dtype) if conv.bias is not None else None
-        return group_norm_silu_conv3x3_triton(
-            x, norm.num_groups, norm.weight, norm.bias, norm.eps, u, bias, extra_scale=es, extra_shift=et
-        )
-
     def _norm_act_conv(self, x, norm, conv, name, es=None, et=None):
         fusable = _fusable_conv(conv) and x.dtype in SUPPORTED_DTYPES and x.dtype == conv.weight.dtype
-        if self.backend == "torch" or not fusable or not inference_only(x, conv.weight, norm.weight):
+        params = (x, norm.weight, norm.bias, conv.weight, conv.bias, es, et)
+        if self.backend == dispatch.NATIVE or not fusable or not dispatch.inference_only(*params):
             return self._unfused(x, norm, conv, es, et)
-        if self.backend == "triton":
-            return self._fused(x, norm, conv, name, es, et)
-        if not triton_native(x.device):
-            return self._unfused(x, norm, conv, es, et)
-        n, c, h, w = x.shape
-        key = (
-            f"resnet_norm_act_conv|n{n}|c{c}|g{norm.num_groups}|k{conv.out_channels}|h{h}|w{w}|"
-            f"{str(x.dtype)[6:]}|{layout_tag(x)}|ss{int(es is not None)}|conv-{type(conv).__name__}"
-        )
-        if key not in self.plans:
-            runs = {
-                dispatch.NATIVE: lambda: self._unfused(x, norm, conv, es, et),
-                "gn_triton+conv": lambda: self._norm_triton_then_conv(x, norm, conv, es, et),
-                "fused_triton": lambda: self._fused(x, norm, conv, name, es, et),
-            }
-            self.plans[key] = dispatch.choose(key, runs, x.device, self.plan_cache_dir)[1]
-        choice = self.plans[key]["choice"]
-        if choice == "fused_triton":
-            return self._fused(x, norm, conv, name, es, et)
-        if choice == "gn_triton+conv":
-            return self._norm_triton_then_conv(x, norm, conv, es, et)
-        return self._unfused(x, norm, conv, es, et)
+        cache = conv.weight_cache if isinstance(conv, WinogradConv2d) else self.weight_caches[name]
+        return group_norm_silu_conv3x3(
+            x, norm.num_groups, norm.weight, norm.bias, norm.eps, conv.weight, conv.bias,
+            extra_scale=es, extra_shift=et, backend=self.backend, plan_cache_dir=self.plan_cache_dir,
+            u=cache.get(conv.weight, x.dtype), plans=self.plans,
+        )  # fmt: skip
 
     def forward(self, input_tensor: torch.Tensor, temb: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if (
             args
             or kwargs.get("scale") is not None
-            or self.backend == "torch"
+            or self.backend == dispatch.NATIVE
             or (self.time_embedding_norm == "scale_shift" and self.time_emb_proj is None)
         ):
             return super().forward(input_tensor, temb, *args, **kwargs)  # keeps diffusers' deprecation path

@@ -7,34 +7,32 @@ changes (its ``_version`` counter, storage pointer, dtype or device).
 
 Modes:
 
-* ``"auto"`` -- every new (input shape, dtype, layout) is timed once: Winograd (Triton on CUDA, the PyTorch
-  batched-GEMM path on CPU) against ``F.conv2d``; the faster one is kept (see :mod:`fastdiff.kernels.dispatch`)
-  and the decision persists across processes. :meth:`plan_summary` lists what was chosen and why.
-* ``True`` -- always Winograd: the Triton kernel where it runs compiled (CUDA), else the PyTorch Winograd.
-  ``winograd_backend="triton"`` forces the Triton kernel (on CPU: only under ``TRITON_INTERPRET=1``, slow,
-  for testing) and ``"torch"`` the PyTorch Winograd.
+* ``"auto"`` -- every new (device, input shape, dtype, layout) is timed once by :func:`fastdiff.ops.conv3x3`:
+  Winograd (Triton on CUDA, the PyTorch batched-GEMM path on CPU) against ``F.conv2d``; the faster one is
+  kept after an output check at that shape (see :mod:`fastdiff.ops.dispatch`), and the decision persists
+  across processes. :meth:`plan_summary` lists what was chosen and why.
+* ``True`` -- always Winograd: the Triton kernels where they run compiled (CUDA), else the PyTorch Winograd.
+  ``winograd_backend="winograd_triton"`` forces the Triton kernels (on CPU: only under
+  ``TRITON_INTERPRET=1``, slow, for testing) and ``"winograd_torch"`` the PyTorch Winograd.
 
-Whatever the mode, the native conv runs when autograd needs gradients, while tracing/exporting/compiling,
-and for input dtypes the kernels do not handle.
+Whatever the mode, the native conv runs when any input or parameter needs a gradient, while
+tracing/exporting/compiling (:func:`fastdiff.ops.dispatch.inference_only`), and for input dtypes the kernels
+do not handle. The module holds no dispatch logic of its own: it passes its cached transformed weight and its
+``plans`` memo to :func:`fastdiff.ops.conv3x3`.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from fastdiff.kernels import dispatch
-from fastdiff.kernels.winograd import (
-    SUPPORTED_DTYPES,
-    transform_weight,
-    winograd_conv2d_torch,
-    winograd_conv2d_triton,
-)
-from fastdiff.ops.conv import conv3x3_candidates, conv3x3_plan_key, triton_native
+from fastdiff.kernels._device import triton_native
+from fastdiff.kernels.winograd import SUPPORTED_DTYPES, transform_weight
+from fastdiff.ops import dispatch
+from fastdiff.ops.conv import conv3x3, conv3x3_plan_key
 
 MODES = ("auto", True)
-WINOGRAD_BACKENDS = ("auto", "triton", "torch")
+WINOGRAD_BACKENDS = ("auto", "winograd_triton", "winograd_torch")
 
 
 def winograd_ineligible_reason(conv: nn.Module) -> str | None:
@@ -67,22 +65,6 @@ def share_module_state(src: nn.Module, dst: nn.Module) -> nn.Module:
     for name, value in src.__dict__.items():
         dst.__dict__[name] = type(value)(value) if isinstance(value, dict) else value
     return dst
-
-
-def inference_only(x: torch.Tensor, *params) -> bool:
-    """True when no gradient is needed and nothing traces/compiles the call (fast paths have no backward)."""
-    if torch.jit.is_scripting() or torch.jit.is_tracing():
-        return False
-    if torch.onnx.is_in_onnx_export():
-        return False
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and compiler.is_compiling():
-        return False
-    if torch.is_grad_enabled() and (
-        x.requires_grad or any(p is not None and p.requires_grad for p in params)
-    ):
-        return False
-    return True
 
 
 class TransformedWeightCache:
@@ -137,31 +119,16 @@ class WinogradConv2d(nn.Conv2d):
         self.plans = {}  # plan key -> record (choice, timings, source)
         self.winograd_eligible = winograd_ineligible_reason(self) is None
 
-    def _choose(self, x: torch.Tensor) -> str:
+    def _backend(self, x: torch.Tensor) -> str:
+        """``"auto"``, or with ``winograd=True`` the forced Winograd implementation (recorded once per key)."""
+        if self.winograd_mode == "auto":
+            return "auto"
+        backend = self.winograd_backend
+        if backend == "auto":
+            backend = "winograd_triton" if triton_native(x.device) else "winograd_torch"
         key = conv3x3_plan_key(x, self.out_channels, self.bias is not None)
-        record = self.plans.get(key)
-        if record is not None:
-            return record["choice"]
-        if self.winograd_mode is True:
-            backend = self.winograd_backend
-            if backend == "auto":
-                backend = "triton" if triton_native(x.device) else "torch"
-            choice = f"winograd_{backend}"
-            record = {"choice": choice, "source": "forced (winograd=True)"}
-        else:
-            names = [dispatch.NATIVE, *conv3x3_candidates(x, x.device)]
-            runs = {n: (lambda n=n: self._run(n, x)) for n in names}
-            choice, record = dispatch.choose(key, runs, x.device, self.plan_cache_dir)
-        self.plans[key] = record
-        return choice
-
-    def _run(self, choice: str, x: torch.Tensor) -> torch.Tensor:
-        bias = self.bias.to(x.dtype) if self.bias is not None else None
-        if choice == "winograd_triton":
-            return winograd_conv2d_triton(x, self.weight_cache.get(self.weight, x.dtype), bias)
-        if choice == "winograd_torch":
-            return winograd_conv2d_torch(x, self.weight_cache.get(self.weight, x.dtype), bias)
-        return F.conv2d(x, self.weight, self.bias, padding=1)
+        self.plans.setdefault(key, {"choice": backend, "source": "forced (winograd=True)"})
+        return backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
@@ -170,10 +137,14 @@ class WinogradConv2d(nn.Conv2d):
             or x.dtype not in SUPPORTED_DTYPES
             or x.dtype != self.weight.dtype
             or x.device != self.weight.device
-            or not inference_only(x, self.weight, self.bias)
+            or not dispatch.inference_only(x, self.weight, self.bias)
         ):
             return super().forward(x)
-        return self._run(self._choose(x), x)
+        u = self.weight_cache.get(self.weight, x.dtype)
+        return conv3x3(
+            x, self.weight, self.bias, backend=self._backend(x), plan_cache_dir=self.plan_cache_dir,
+            u=u, plans=self.plans,
+        )  # fmt: skip
 
     def plan_summary(self) -> dict:
         """Per input shape: the chosen implementation, timings (ms) and where the decision came from."""

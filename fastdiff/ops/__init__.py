@@ -3,8 +3,9 @@
 * :func:`attention` — scaled dot-product attention with selectable backends.
 * :func:`conv3x3`, :func:`group_norm_silu`, :func:`group_norm_silu_conv3x3` —
   Winograd and fused-normalisation kernels (Triton on CUDA or under the
-  Triton interpreter; PyTorch references everywhere). Loaded on first use so
-  that importing fastdiff does not import Triton.
+  Triton interpreter; PyTorch references everywhere), chosen per device and
+  shape by :mod:`fastdiff.ops.dispatch`, the one dispatch layer. Loaded on
+  first use so that importing fastdiff does not import Triton.
 """
 
 import importlib

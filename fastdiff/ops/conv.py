@@ -1,20 +1,22 @@
-"""3x3 convolution with selectable backends: native PyTorch, Winograd in Triton, Winograd in PyTorch.
+"""3x3 convolution with selectable implementations (vocabulary of :mod:`fastdiff.ops.dispatch`).
 
 ``conv3x3(x, weight, bias)`` equals ``F.conv2d(x, weight, bias, stride=1, padding=1)``.
 
 Backends:
 
-* ``"torch"`` -- the reference, ``F.conv2d`` (cuDNN on CUDA, oneDNN on CPU).
-* ``"triton"`` -- the fused Winograd F(2x2,3x3) kernel of :mod:`fastdiff.kernels.winograd`. Runs on CUDA, or
-  on CPU only under ``TRITON_INTERPRET=1`` (slow; for testing). Otherwise raises a RuntimeError saying why.
+* ``"native"`` -- ``F.conv2d`` (cuDNN on CUDA, oneDNN on CPU).
+* ``"winograd_triton"`` -- the Winograd F(2x2,3x3) Triton kernels of :mod:`fastdiff.kernels.winograd`. Run on
+  CUDA, or on CPU only under ``TRITON_INTERPRET=1`` (slow; for testing). Otherwise a RuntimeError says why.
 * ``"winograd_torch"`` -- Winograd as a batched GEMM over the 16 transformed planes in plain PyTorch (any
   device). On a CPU it beats oneDNN only for some shapes (many channels, small images).
-* ``"auto"`` -- measured: the first call with a new (shape, dtype, layout) times the candidates usable on this
-  device against ``F.conv2d`` and keeps the fastest (see :mod:`fastdiff.kernels.dispatch`); afterwards the
-  decision is a dictionary lookup, persisted across processes. Never slower than native beyond timing noise.
+* ``"auto"`` -- measured: the first call with a new (device, shape, dtype, layout) times the candidates
+  usable on this device against native and keeps the fastest after checking its output against native at
+  that shape (:func:`fastdiff.ops.dispatch.choose`); afterwards the decision is a lookup, persisted across
+  processes. Never slower than native beyond timing noise.
 
-The functional form transforms the weight on every call; :class:`fastdiff.nn.winograd.WinogradConv2d`
-caches the transformed weight and should be preferred inside models.
+Every non-native backend runs only for inference (:func:`fastdiff.ops.dispatch.inference_only`); when a
+gradient is needed, native runs. ``u`` (the transformed weight, :func:`~fastdiff.kernels.winograd.
+transform_weight`) lets modules pass their cached copy; ``plans`` is a module's memo of decisions.
 """
 
 from __future__ import annotations
@@ -22,16 +24,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastdiff._compat import triton_interpret, triton_usable
-from fastdiff.kernels import dispatch
+from fastdiff.kernels._device import triton_native
 from fastdiff.kernels.winograd import (
     SUPPORTED_DTYPES,
     transform_weight,
     winograd_conv2d_torch,
     winograd_conv2d_triton,
 )
+from fastdiff.ops import dispatch
 
-BACKENDS = ("auto", "triton", "torch", "winograd_torch")
+BACKENDS = ("auto", "native", "winograd_triton", "winograd_torch")
 
 
 def check_conv3x3_inputs(x, weight, bias=None) -> None:
@@ -59,25 +61,9 @@ def check_conv3x3_inputs(x, weight, bias=None) -> None:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
 
 
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
-
-
-def layout_tag(x: torch.Tensor) -> str:
-    return (
-        "nhwc" if (x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()) else "nchw"
-    )
-
-
-def triton_native(device: torch.device) -> bool:
-    """Triton kernels run compiled (not interpreted) on this device."""
-    device = torch.device(device)
-    return device.type == "cuda" and triton_usable(device) and not triton_interpret()
-
-
-def conv3x3_candidates(x: torch.Tensor, device: torch.device) -> list[str]:
+def conv3x3_candidates(device: torch.device) -> list[str]:
     """Alternatives to native that "auto" may time here. The interpreter is never a candidate (always slow)."""
+    device = torch.device(device)
     if triton_native(device):
         return ["winograd_triton"]
     if device.type == "cpu":
@@ -86,33 +72,31 @@ def conv3x3_candidates(x: torch.Tensor, device: torch.device) -> list[str]:
 
 
 def conv3x3_plan_key(x: torch.Tensor, k: int, has_bias: bool) -> str:
-    n, c, h, w = x.shape
-    return f"conv3x3|n{n}|c{c}|k{k}|h{h}|w{w}|{str(x.dtype)[6:]}|{layout_tag(x)}|bias{int(has_bias)}"
+    return dispatch.plan_key("conv3x3", x, k=k, bias=has_bias)
 
 
-def conv3x3(x, weight, bias=None, *, backend: str = "auto", plan_cache_dir=None) -> torch.Tensor:
+def conv3x3(
+    x, weight, bias=None, *, backend: str = "auto", plan_cache_dir=None, u=None, plans=None
+) -> torch.Tensor:
     """3x3, stride-1, padding-1 convolution (groups 1, dilation 1) with the chosen backend."""
-    _check_backend(backend)
+    dispatch.check_backend(backend, BACKENDS)
     check_conv3x3_inputs(x, weight, bias)
-    if backend == "torch":
+    if backend == dispatch.NATIVE or not dispatch.inference_only(x, weight, bias):
         return F.conv2d(x, weight, bias, padding=1)
-    if backend == "triton":
-        return winograd_conv2d_triton(x, transform_weight(weight, x.dtype), bias)
-    if backend == "winograd_torch":
-        return winograd_conv2d_torch(x, transform_weight(weight, x.dtype), bias)
-    # auto
+    get_u = (lambda: u) if u is not None else (lambda: transform_weight(weight, x.dtype))
     run = {
         dispatch.NATIVE: lambda: F.conv2d(x, weight, bias, padding=1),
-        "winograd_triton": lambda: winograd_conv2d_triton(x, transform_weight(weight, x.dtype), bias),
-        "winograd_torch": lambda: winograd_conv2d_torch(x, transform_weight(weight, x.dtype), bias),
+        "winograd_triton": lambda: winograd_conv2d_triton(x, get_u(), bias),
+        "winograd_torch": lambda: winograd_conv2d_torch(x, get_u(), bias),
     }
-    names = [dispatch.NATIVE, *conv3x3_candidates(x, x.device)]
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        names = [dispatch.NATIVE]  # the Triton path has no backward
-    choice, _ = dispatch.choose(
-        conv3x3_plan_key(x, weight.shape[0], bias is not None),
-        {n: run[n] for n in names},
-        x.device,
-        plan_cache_dir,
-    )
-    return run[choice]()
+    if backend == "auto":
+        names = [dispatch.NATIVE, *conv3x3_candidates(x.device)]
+        backend = dispatch.select(
+            conv3x3_plan_key(x, weight.shape[0], bias is not None),
+            {n: run[n] for n in names},
+            x.device,
+            plan_cache_dir=plan_cache_dir,
+            plans=plans,
+            tolerance=dispatch.VERIFY_TOLERANCE[x.dtype],
+        )
+    return run[backend]()

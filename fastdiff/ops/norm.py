@@ -1,12 +1,17 @@
-"""GroupNorm+SiLU and GroupNorm+SiLU+3x3 conv with selectable backends.
+"""GroupNorm+SiLU and GroupNorm+SiLU+3x3 conv with selectable implementations.
 
 * ``group_norm_silu(x, G, w, b, eps)`` == ``F.silu(F.group_norm(x, G, w, b, eps))``
-* ``group_norm_silu_conv3x3(x, G, gw, gb, eps, cw, cb)`` == ``F.conv2d(that, cw, cb, padding=1)``
+* ``group_norm_silu_conv3x3(x, G, gw, gb, eps, cw, cb)`` == ``F.conv2d(that, cw, cb, padding=1)``; with
+  ``extra_scale``/``extra_shift`` (N, C) the norm's output becomes ``y * (1 + extra_scale) + extra_shift``
+  before SiLU (diffusers' "scale_shift" time embedding).
 
-Backends: ``"torch"`` (the reference above), ``"triton"`` (the kernels of
-:mod:`fastdiff.kernels.group_norm_silu` / :mod:`fastdiff.kernels.fused_norm_conv`; CUDA, or CPU under
-``TRITON_INTERPRET=1`` only) and ``"auto"`` (measured per shape on CUDA like :func:`fastdiff.ops.conv3x3`;
-"torch" wherever no Triton kernel can run natively, e.g. on a CPU).
+Backends (vocabulary of :mod:`fastdiff.ops.dispatch`): ``"native"`` (the PyTorch expression above),
+``"gn_triton"`` (the kernels of :mod:`fastdiff.kernels.group_norm_silu`), for the conv chain also
+``"gn_triton+native_conv"`` and ``"fused_triton"`` (:mod:`fastdiff.kernels.fused_norm_conv`), and
+``"auto"``: measured per shape where Triton runs compiled (CUDA); native elsewhere, e.g. on a CPU, where the
+Triton interpreter is for testing only. Triton backends on CPU need ``TRITON_INTERPRET=1``. Non-native
+implementations run only for inference (:func:`fastdiff.ops.dispatch.inference_only` over every input,
+norm affine parameters included).
 """
 
 from __future__ import annotations
@@ -14,50 +19,65 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fastdiff.kernels import dispatch
-from fastdiff.kernels.fused_norm_conv import group_norm_silu_conv3x3_triton
+from fastdiff.kernels._device import triton_native
+from fastdiff.kernels.fused_norm_conv import group_norm_silu_conv3x3_reference, group_norm_silu_conv3x3_triton
 from fastdiff.kernels.group_norm_silu import (
     SUPPORTED_DTYPES,
+    affine_silu_triton,
     check_group_norm_inputs,
+    group_norm_scale_shift_triton,
+    group_norm_silu_reference,
     group_norm_silu_triton,
 )
 from fastdiff.kernels.winograd import transform_weight
-from fastdiff.ops.conv import check_conv3x3_inputs, layout_tag, triton_native
+from fastdiff.ops import dispatch
+from fastdiff.ops.conv import check_conv3x3_inputs
 
-BACKENDS = ("auto", "triton", "torch")
+GN_BACKENDS = ("auto", "native", "gn_triton")
+GN_CONV_BACKENDS = ("auto", "native", "gn_triton+native_conv", "fused_triton")
 
 
-def _check(backend, x, num_groups, weight, bias):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+def _check(x, num_groups, weight, bias):
     check_group_norm_inputs(x, num_groups, weight, bias)
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"x dtype must be one of float32/float16/bfloat16, got {x.dtype}")
 
 
-def _run(backend, x, key, ref, fast, plan_cache_dir):
-    """Run the reference or the Triton path: forced by ``backend``, else the measured per-shape winner.
+def _pick(backend, key, run, x, params, plan_cache_dir, plans):
+    """Forced backend, or the measured per-shape winner; native whenever the call is not inference-only."""
+    if backend == dispatch.NATIVE or not dispatch.inference_only(x, *params):
+        return dispatch.NATIVE
+    if backend != "auto":
+        return backend
+    if not triton_native(x.device):
+        return dispatch.NATIVE
+    return dispatch.select(
+        key, run, x.device, plan_cache_dir=plan_cache_dir, plans=plans,
+        tolerance=dispatch.VERIFY_TOLERANCE[x.dtype],
+    )  # fmt: skip
 
-    "auto" keeps the reference where Triton does not run compiled or where gradients are needed.
-    """
-    if backend == "torch":
-        return ref()
-    if backend == "triton":
-        return fast()
-    if not triton_native(x.device) or (torch.is_grad_enabled() and x.requires_grad):
-        return ref()
-    choice, _ = dispatch.choose(key, {dispatch.NATIVE: ref, "triton": fast}, x.device, plan_cache_dir)
-    return fast() if choice == "triton" else ref()
 
-
-def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-5, *, backend="auto", plan_cache_dir=None):
+def group_norm_silu(
+    x, num_groups, weight=None, bias=None, eps=1e-5, *, backend="auto", plan_cache_dir=None, plans=None
+):
     """SiLU(GroupNorm(x)) with fp32 statistics; NCHW or channels_last; fp32/fp16/bf16."""
-    _check(backend, x, num_groups, weight, bias)
-    ref = lambda: F.silu(F.group_norm(x, num_groups, weight, bias, eps))
-    fast = lambda: group_norm_silu_triton(x, num_groups, weight, bias, eps)
-    n, c, h, w = x.shape
-    key = f"gn_silu|n{n}|c{c}|g{num_groups}|h{h}|w{w}|{str(x.dtype)[6:]}|{layout_tag(x)}"
-    return _run(backend, x, key, ref, fast, plan_cache_dir)
+    dispatch.check_backend(backend, GN_BACKENDS)
+    _check(x, num_groups, weight, bias)
+    run = {
+        dispatch.NATIVE: lambda: group_norm_silu_reference(x, num_groups, weight, bias, eps),
+        "gn_triton": lambda: group_norm_silu_triton(x, num_groups, weight, bias, eps),
+    }
+    key = dispatch.plan_key("gn_silu", x, g=num_groups)
+    return run[_pick(backend, key, run, x, (weight, bias), plan_cache_dir, plans)]()
+
+
+def _gn_triton_chain(x, num_groups, gn_weight, gn_bias, eps, es, et):
+    if es is None:
+        return group_norm_silu_triton(x, num_groups, gn_weight, gn_bias, eps)
+    scale, shift = group_norm_scale_shift_triton(
+        x, num_groups, gn_weight, gn_bias, eps, extra_scale=es, extra_shift=et
+    )
+    return affine_silu_triton(x, scale, shift)
 
 
 def group_norm_silu_conv3x3(
@@ -69,21 +89,40 @@ def group_norm_silu_conv3x3(
     conv_weight,
     conv_bias=None,
     *,
+    extra_scale=None,
+    extra_shift=None,
     backend="auto",
     plan_cache_dir=None,
+    u=None,
+    plans=None,
 ):
-    """conv3x3(SiLU(GroupNorm(x))) -- the normalised activation is never written with "triton"."""
-    _check(backend, x, num_groups, gn_weight, gn_bias)
+    """conv3x3(SiLU(GroupNorm(x) [* (1 + s) + t])) -- the activation is never written with "fused_triton"."""
+    dispatch.check_backend(backend, GN_CONV_BACKENDS)
+    _check(x, num_groups, gn_weight, gn_bias)
     if not isinstance(conv_weight, torch.Tensor) or conv_weight.dim() != 4:
         raise ValueError("conv_weight must be a (K, C, 3, 3) tensor")
     check_conv3x3_inputs(x, conv_weight, conv_bias)
-    ref = lambda: F.conv2d(F.silu(F.group_norm(x, num_groups, gn_weight, gn_bias, eps)), conv_weight, conv_bias, padding=1)  # fmt: skip
-    fast = lambda: group_norm_silu_conv3x3_triton(
-        x, num_groups, gn_weight, gn_bias, eps, transform_weight(conv_weight, x.dtype), conv_bias
+    if (extra_scale is None) != (extra_shift is None):
+        raise ValueError("extra_scale and extra_shift must be given together")
+    es, et = extra_scale, extra_shift
+    args = (x, num_groups, gn_weight, gn_bias, eps, es, et)
+    get_u = (lambda: u) if u is not None else (lambda: transform_weight(conv_weight, x.dtype))
+    run = {
+        dispatch.NATIVE: lambda: group_norm_silu_conv3x3_reference(
+            x, num_groups, gn_weight, gn_bias, eps, conv_weight, conv_bias, es, et
+        ),
+        "gn_triton+native_conv": lambda: F.conv2d(_gn_triton_chain(*args), conv_weight, conv_bias, padding=1),
+        "fused_triton": lambda: group_norm_silu_conv3x3_triton(
+            x, num_groups, gn_weight, gn_bias, eps, get_u(), conv_bias, extra_scale=es, extra_shift=et
+        ),
+    }
+    key = dispatch.plan_key(
+        "gn_silu_conv3x3",
+        x,
+        g=num_groups,
+        k=conv_weight.shape[0],
+        bias=conv_bias is not None,
+        ss=es is not None,
     )
-    n, c, h, w = x.shape
-    key = (
-        f"gn_silu_conv3x3|n{n}|c{c}|g{num_groups}|k{conv_weight.shape[0]}|h{h}|w{w}|"
-        f"{str(x.dtype)[6:]}|{layout_tag(x)}|bias{int(conv_bias is not None)}"
-    )
-    return _run(backend, x, key, ref, fast, plan_cache_dir)
+    params = (gn_weight, gn_bias, conv_weight, conv_bias, es, et)
+    return run[_pick(backend, key, run, x, params, plan_cache_dir, plans)]()

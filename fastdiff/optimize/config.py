@@ -11,7 +11,7 @@ from numbers import Real
 # Keys of OptimizeConfig.extra and the values each accepts.
 EXTRA_OPTIONS = {
     "winograd_backend": ("auto", "triton", "torch"),
-    "fuse_norm_act_backend": ("auto", "triton", "torch"),
+    "fuse_norm_act_backend": ("auto", "triton", "native", "torch"),
 }
 
 

@@ -19,11 +19,20 @@ import torch
 from diffusers.models.resnet import ResnetBlock2D
 from torch import nn
 
-from fastdiff._compat import triton_unusable_reason, triton_usable
+from fastdiff._compat import triton_native, triton_unusable_reason, triton_usable
 from fastdiff.nn.norm_act import FusedResnetBlock2D, GroupNormSiLU, fused_resnet_ineligible_reason
 from fastdiff.nn.winograd import WinogradConv2d, winograd_ineligible_reason
-from fastdiff.ops.conv import triton_native
 from fastdiff.optimize.passes import Pass
+
+# config.extra values (see OptimizeConfig.extra) -> the dispatch vocabulary of fastdiff.ops.dispatch:
+# (GroupNormSiLU backend, FusedResnetBlock2D backend) and WinogradConv2d's winograd_backend
+_NORM_BACKENDS = {
+    "auto": ("auto", "auto"),
+    "triton": ("gn_triton", "fused_triton"),
+    "native": ("native", "native"),
+    "torch": ("native", "native"),
+}
+_WINOGRAD_BACKENDS = {"auto": "auto", "triton": "winograd_triton", "torch": "winograd_torch"}
 
 
 class FuseNormActPass(Pass):
@@ -40,9 +49,10 @@ class FuseNormActPass(Pass):
         ``config.extra["fuse_norm_act_backend"]`` (tests use it with the interpreter), else None."""
         forced = (config.extra or {}).get("fuse_norm_act_backend")
         if forced is not None:
-            if forced not in ("auto", "triton", "torch"):
+            if forced not in _NORM_BACKENDS:
                 raise ValueError(
-                    f"extra['fuse_norm_act_backend'] must be 'auto', 'triton' or 'torch', got {forced!r}"
+                    f"extra['fuse_norm_act_backend'] must be one of {', '.join(map(repr, _NORM_BACKENDS))}, "
+                    f"got {forced!r}"
                 )
             return forced, "forced by config.extra"
         if triton_native(device):
@@ -73,7 +83,7 @@ class FuseNormActPass(Pass):
                 ctx.skip(path, reason)
                 continue
             fused = FusedResnetBlock2D.from_module(
-                block, backend=backend, plan_cache_dir=config.plan_cache_dir
+                block, backend=_NORM_BACKENDS[backend][1], plan_cache_dir=config.plan_cache_dir
             )
             ctx.replace_module(path, fused, f"FusedResnetBlock2D({backend})")
             chains = ["norm2+silu+conv2"]
@@ -84,7 +94,9 @@ class FuseNormActPass(Pass):
         if type(norm_out) is nn.GroupNorm and isinstance(act, nn.SiLU):
             ctx.replace_module(
                 "conv_norm_out",
-                GroupNormSiLU.from_module(norm_out, backend=backend, plan_cache_dir=config.plan_cache_dir),
+                GroupNormSiLU.from_module(
+                    norm_out, backend=_NORM_BACKENDS[backend][0], plan_cache_dir=config.plan_cache_dir
+                ),
                 f"GroupNormSiLU({backend})",
             )
             ctx.replace_module("conv_act", nn.Identity(), "Identity (SiLU fused into conv_norm_out)")
@@ -104,6 +116,12 @@ class WinogradPass(Pass):
         # winograd=True runs the Triton kernel where it is compiled (CUDA), the PyTorch Winograd elsewhere;
         # config.extra["winograd_backend"] = "triton" | "torch" forces one (tests use the interpreter)
         backend = (config.extra or {}).get("winograd_backend", "auto")
+        if backend not in _WINOGRAD_BACKENDS:
+            raise ValueError(
+                f"extra['winograd_backend'] must be one of {', '.join(map(repr, _WINOGRAD_BACKENDS))}, "
+                f"got {backend!r}"
+            )
+        backend = _WINOGRAD_BACKENDS[backend]
         convs = [(p, m) for p, m in unet.named_modules() if isinstance(m, nn.Conv2d)]
         for path, conv in convs:
             if isinstance(conv, WinogradConv2d):

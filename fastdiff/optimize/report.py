@@ -44,6 +44,14 @@ class PassReport:
                 out.append(f"    {path}: {note}" + (f" {extra}" if extra else ""))
             if len(self.changed) > max_items:
                 out.append(f"    ... and {len(self.changed) - max_items} more")
+        for path, detail in self.details.items():  # a measured winner that disagreed with native
+            for key, rec in (detail.get("plan") or {}).items():
+                ver = rec.get("verify") if isinstance(rec, dict) else None
+                if ver and not ver["passed"]:
+                    out.append(
+                        f"  {path} {key}: {ver['candidate']} differed from native by {ver['rel_err']:.2e} "
+                        f"(tolerance {ver['tolerance']:.0e}): kept native"
+                    )
         if self.skipped:
             out.append(f"  skipped {len(self.skipped)}:")
             for path, why in self.skipped[:max_items]:
