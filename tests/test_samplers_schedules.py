@@ -245,3 +245,30 @@ def test_documented_spacing_differences_from_diffusers():
     ddim = DDIMScheduler(**sd, timestep_spacing="linspace")
     ddim.set_timesteps(7)
     assert ddim.timesteps.tolist()[-1] == 0 and ours[-1] > 0  # DDIM's N-point linspace ends at t = 0
+
+
+CROSSOVER = {"ddim": 6, "euler": 6, "dpmpp_2m": 10, "dpmpp_3m": 15, "dpmpp_2m_sde": 10, "unipc": 10}
+
+
+@pytest.mark.parametrize("name", list(CROSSOVER))
+@pytest.mark.parametrize("n", [4, 6, 8, 10, 11, 15, 20])
+def test_default_schedule_is_trailing_at_few_steps_then_karras(name, n):
+    """The default changed from Karras to "auto" (#12): on the trained model with guidance, trailing
+    beats Karras at few steps for every sampler and Karras wins above a per-sampler crossover
+    (benchmarks/results/sampler_defaults.md)."""
+    default = make_scheduler(name)
+    default.set_timesteps(n)
+    explicit = make_scheduler(name, schedule="trailing" if n <= CROSSOVER[name] else "karras")
+    explicit.set_timesteps(n)
+    assert default.config.schedule is None and default.schedule_name == "auto"
+    assert torch.equal(default.timesteps, explicit.timesteps)
+    assert torch.equal(default.sigmas, explicit.sigmas)
+    if n <= CROSSOVER[name]:  # trailing: integer timesteps starting at T - 1
+        assert default.timesteps[0] == 999 and default.timesteps.dtype == torch.int64
+    # "auto" passes rho to its Karras half
+    assert make_scheduler(name, rho=3.0).schedule_name == "auto"
+
+
+def test_lcm_keeps_its_own_default_schedule():
+    s = make_scheduler("lcm")
+    assert s.schedule_name == "lcm"

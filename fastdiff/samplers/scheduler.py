@@ -123,8 +123,10 @@ def _validate_options(sampler: str, **o) -> None:
         ignored.append(f"final_step={o['final_step']!r} does not apply to 'lcm' (it always returns its x0)")
     if o["timestep_scaling"] != 10.0 and sampler != "lcm":
         ignored.append(f"timestep_scaling={o['timestep_scaling']!r} applies only to sampler 'lcm'")
-    if o["rho"] != 7.0 and effective != "karras":
-        ignored.append(f"rho={o['rho']!r} applies only to schedule='karras' (schedule here: {effective!r})")
+    if o["rho"] != 7.0 and effective not in ("karras", "auto"):
+        ignored.append(
+            f"rho={o['rho']!r} applies only to schedule='karras' or 'auto' (schedule here: {effective!r})"
+        )
     if o["original_inference_steps"] != 50 and effective != "lcm":
         ignored.append(
             f"original_inference_steps={o['original_inference_steps']!r} applies only to schedule='lcm' "
@@ -242,6 +244,7 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
             rho=cfg.rho,
             fractional_timesteps=cfg.fractional_timesteps,
             original_inference_steps=cfg.original_inference_steps,
+            trailing_up_to=SAMPLERS[cfg.sampler].trailing_up_to,
         )
         if timesteps is not None:
             ts, sig = build_schedule(timesteps, None, self.noise_schedule, kind="timesteps", **kw)
@@ -460,7 +463,10 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
             (``num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas``),
             ``prediction_type`` and ``steps_offset`` are inherited.  ``None``: Stable Diffusion's.
         **options:
-            schedule: ``"karras"`` (default except LCM), ``"exponential"``, ``"uniform"`` (= ``"trailing"``),
+            schedule: ``"auto"`` (default except LCM: ``"trailing"`` up to 10 steps (DDIM/Euler 6,
+                DPM-Solver++(3M) 15), ``"karras"`` above, measured on the trained model in
+                ``benchmarks/results/sampler_defaults.md``),
+                ``"karras"``, ``"exponential"``, ``"uniform"`` (= ``"trailing"``),
                 ``"leading"``, ``"trailing"``, ``"linspace"``, ``"lcm"``, or an explicit list/tensor:
                 integer dtype = timesteps, floating dtype = VE sigmas (override with ``schedule_kind``);
                 e.g. the output of :func:`fastdiff.samplers.fit_schedule`.
