@@ -19,13 +19,14 @@ Named schedules (``T`` = num_train_timesteps):
 ``"exponential"`` log-uniform sigmas between the same end points (uniform in log-SNR).
 ``"auto"``      the default of every sampler but LCM: ``"trailing"`` for ``N <= trailing_up_to``
                 steps, ``"karras"`` above; ``trailing_up_to`` is per sampler (DDIM/Euler 6,
-                DPM-Solver++(2M), 2M-SDE and UniPC 10, DPM-Solver++(3M) 15).  Measured on the trained fastdiff-tiny with guidance 5 (held-out prompts,
-                ``benchmarks/results/sampler_defaults.md``): trailing beats Karras at 4-10 NFE for
-                every sampler (Karras spends 3 of 8 evaluations below sigma = 0.33, where the image
-                is already decided, and takes its largest log-SNR steps at sigma 0.3-4, where the
-                guided ODE bends most), and Karras wins at 15-20 NFE (trailing's last jump from
-                sigma ~ 0.2-0.4 to 0 then dominates its error); the crossover is each sampler's
-                first measured NFE (of 4, 6, 8, 10, 15, 20) where Karras wins on mean PSNR.
+                DPM-Solver++(2M) and UniPC 10, DPM-Solver++(3M) 15; 2M-SDE was not measured and
+                takes 2M's 10).  Measured on the trained fastdiff-tiny with guidance 5 (held-out
+                prompts, ``benchmarks/results/sampler_defaults.md``): trailing beats Karras at 4-10 NFE
+                for DPM-Solver++(2M)/(3M) and UniPC and at 4-6 for DDIM (at 8 NFE Karras spends 2 of
+                its evaluations below sigma = 0.3, where the guided x0 prediction barely moves, and
+                steps h = 0.75-0.89 in log-SNR through sigma 4-0.3 where trailing steps 0.45-0.49;
+                ``benchmarks/results/unipc_karras.md``); Karras wins from 15 NFE (3M: 20; trailing's last
+                jump from sigma ~ 0.2-0.4 to 0 then dominates its error).
 ``"lcm"``       LCMScheduler's: ``N`` evenly skipped steps of the ``original_inference_steps``
                 distillation grid ``k - 1, 2k - 1, ...`` with ``k = T // original_inference_steps``.
 
