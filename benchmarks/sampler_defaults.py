@@ -389,6 +389,25 @@ def write_report(data: dict) -> None:
         *summarise(data),
         "",
     ]
+    best = []
+    for nfe in NFES:
+        cand = [
+            r for r in rows if r["testbed"] == "tiny" and r["nfe"] == nfe and r["final_step"] == "denoised"
+        ]
+        if cand:
+            m, w = _best(cand, "psnr_mean", 1), _best(cand, "psnr_worst", 1)
+            best.append(
+                {"NFE": nfe, "best mean": f"{m['sampler']} {m['schedule']}: {m['psnr_mean']} dB (worst "
+                 f"{m['psnr_worst']}, attributes {m['attr_all']})", "best worst image": f"{w['sampler']} "
+                 f"{w['schedule']}: {w['psnr_worst']} dB (mean {w['psnr_mean']})"}
+            )  # fmt: skip
+    if best:
+        md += [
+            "## Best fastdiff-tiny configuration per NFE (evidence for the presets)",
+            "",
+            markdown_table(best),
+            "",
+        ]
     refs = [r for r in rows if r["nfe"] == REF_STEPS]
     if refs:
         md += ["## Reference", "", markdown_table(refs), ""]
