@@ -247,11 +247,11 @@ def test_documented_spacing_differences_from_diffusers():
     assert ddim.timesteps.tolist()[-1] == 0 and ours[-1] > 0  # DDIM's N-point linspace ends at t = 0
 
 
-CROSSOVER = {"ddim": 6, "euler": 6, "dpmpp_2m": 10, "dpmpp_3m": 15, "dpmpp_2m_sde": 10, "unipc": 10}
+CROSSOVER = {"ddim": 6, "euler": 6, "dpmpp_2m": 10, "dpmpp_3m": 15, "dpmpp_2m_sde": 20, "unipc": 10}
 
 
 @pytest.mark.parametrize("name", list(CROSSOVER))
-@pytest.mark.parametrize("n", [4, 6, 8, 10, 11, 15, 20])
+@pytest.mark.parametrize("n", [4, 6, 8, 10, 11, 15, 20, 21])
 def test_default_schedule_is_trailing_at_few_steps_then_karras(name, n):
     """The default changed from Karras to "auto" (#12): on the trained model with guidance, trailing
     beats Karras at few steps for every sampler and Karras wins above a per-sampler crossover

@@ -58,7 +58,7 @@ SAMPLERS: dict[str, SamplerInfo] = {
         ),
         SamplerInfo("dpmpp_2m", "DPM-Solver++(2M) (Lu et al. 2022, alg. 2)", 3, 2, "auto", False),
         SamplerInfo("dpmpp_3m", "DPM-Solver++(3M) multistep", 3, 3, "auto", False, 15),
-        SamplerInfo("dpmpp_2m_sde", "SDE-DPM-Solver++(2M) (Lu et al. 2022)", 2, 2, "auto", True),
+        SamplerInfo("dpmpp_2m_sde", "SDE-DPM-Solver++(2M) (Lu et al. 2022)", 2, 2, "auto", True, 20),
         SamplerInfo("unipc", "UniPC-p with UniC corrector, B(h)=bh2 (Zhao et al. 2023)", 3, 2, "auto", False),
         SamplerInfo("lcm", "LCM multistep (Luo et al. 2023, alg. 1)", 1, 1, "lcm", True),
     )

@@ -464,7 +464,7 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
             ``prediction_type`` and ``steps_offset`` are inherited.  ``None``: Stable Diffusion's.
         **options:
             schedule: ``"auto"`` (default except LCM: ``"trailing"`` up to 10 steps (DDIM/Euler 6,
-                DPM-Solver++(3M) 15), ``"karras"`` above, measured on the trained model in
+                DPM-Solver++(3M) 15, 2M-SDE 20), ``"karras"`` above, measured on the trained model in
                 ``benchmarks/results/sampler_defaults.md``),
                 ``"karras"``, ``"exponential"``, ``"uniform"`` (= ``"trailing"``),
                 ``"leading"``, ``"trailing"``, ``"linspace"``, ``"lcm"``, or an explicit list/tensor:

@@ -19,8 +19,8 @@ Named schedules (``T`` = num_train_timesteps):
 ``"exponential"`` log-uniform sigmas between the same end points (uniform in log-SNR).
 ``"auto"``      the default of every sampler but LCM: ``"trailing"`` for ``N <= trailing_up_to``
                 steps, ``"karras"`` above; ``trailing_up_to`` is per sampler (DDIM/Euler 6,
-                DPM-Solver++(2M) and UniPC 10, DPM-Solver++(3M) 15; 2M-SDE was not measured and
-                takes 2M's 10).  Measured on the trained fastdiff-tiny with guidance 5 (held-out
+                DPM-Solver++(2M) and UniPC 10, DPM-Solver++(3M) 15, 2M-SDE 20: trailing won at every
+                measured NFE up to 20).  Measured on the trained fastdiff-tiny with guidance 5 (held-out
                 prompts, ``benchmarks/results/sampler_defaults.md``): trailing beats Karras at 4-10 NFE
                 for DPM-Solver++(2M)/(3M) and UniPC and at 4-6 for DDIM (at 8 NFE Karras spends 2 of
                 its evaluations below sigma = 0.3, where the guided x0 prediction barely moves, and
