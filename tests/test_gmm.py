@@ -103,7 +103,7 @@ def test_error_decreases_with_nfe(problem, name, opts):
 def test_variance_final_step_removes_the_final_interval_floor(problem):
     model, x, ref = problem
     run = lambda fs: median_rms_error(
-        run_scheduler(model, x, make_scheduler("unipc", final_step=fs), 100), ref
+        run_scheduler(model, x, make_scheduler("unipc", schedule="karras", final_step=fs), 100), ref
     )
     assert run("variance") < 0.1 * run("denoised")
 
@@ -117,7 +117,7 @@ def test_fit_schedule_beats_karras_on_held_out_samples(problem, tmp_path):
         run_scheduler(model, x, make_scheduler("dpmpp_2m", schedule=sig, final_step="variance")), ref
     )
     karras = median_rms_error(
-        run_scheduler(model, x, make_scheduler("dpmpp_2m", final_step="variance"), 6), ref
+        run_scheduler(model, x, make_scheduler("dpmpp_2m", schedule="karras", final_step="variance"), 6), ref
     )
     assert fitted < 0.5 * karras
     path = tmp_path / "sched.json"
@@ -129,3 +129,19 @@ def test_fit_schedule_beats_karras_on_held_out_samples(problem, tmp_path):
         load_schedule(path)
     with pytest.raises(ValueError, match="nfe must be an int >= 2"):
         fit_schedule(model, cal, 1)
+
+
+def test_fit_schedule_from_a_trailing_start_with_a_free_end(problem):
+    """A start whose last noise level is above sigma_min (trailing) is fitted with free_end and
+    ends no worse than the start on held-out samples; without free_end it is a clear error."""
+    model, x, ref = problem
+    cal = torch.randn(16, 16, generator=torch.Generator().manual_seed(1))
+    sig = fit_schedule(model, cal, 5, "unipc", starts="trailing", free_end=True, max_evals=60)
+    assert len(sig) == 6 and sig[-1] == 0.0 and all(a > b for a, b in zip(sig, sig[1:]))
+    fitted = median_rms_error(run_scheduler(model, x, make_scheduler("unipc", schedule=sig)), ref)
+    trailing = median_rms_error(run_scheduler(model, x, make_scheduler("unipc", schedule="trailing"), 5), ref)
+    assert fitted < trailing
+    with pytest.raises(ValueError, match="ends at sigma .* above sigma_min.*free_end=True"):
+        fit_schedule(model, cal, 5, "unipc", starts="trailing", max_evals=4)
+    with pytest.raises(ValueError, match="has 3 positive sigmas; fit_schedule needs nfe=5"):
+        fit_schedule(model, cal, 5, "unipc", starts=[[10.0, 1.0, 0.1, 0.0]], max_evals=4)

@@ -77,7 +77,7 @@ def test_custom_schedules_by_type():
         (dict(name="unipc", schedule="cosine"), "unknown schedule 'cosine'; valid: leading"),
         (dict(name="unipc", bogus=1), r"unknown option\(s\) \['bogus'\]"),
         (dict(name="unipc", solver_order=4), r"solver_order must be in \[1, 3\]"),
-        (dict(name="ddim", eta=-1.0), "eta must be >= 0"),
+        (dict(name="ddim", eta=-1.0), r"eta must be a finite number >= 0, got -1.0"),
         (dict(name="unipc", prediction_type="flow"), "prediction_type must be one of"),
         (dict(name="unipc", final_step="exact"), "final_step must be one of"),
         (dict(name="unipc", schedule=[1.0, 2.0]), "strictly decreasing"),
@@ -90,6 +90,76 @@ def test_bad_input_raises_clear_errors(kwargs, match):
     name = kwargs.pop("name")
     with pytest.raises(ValueError, match=match):
         make_scheduler(name, **kwargs)
+
+
+# Options that the chosen sampler or schedule does not read used to be stored and ignored (the
+# output was bit-identical to the default, issue #16); each must now name itself, its value and
+# where it applies.
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("dpmpp_2m", dict(eta=0.5), r"eta=0.5 applies only to sampler 'ddim'"),
+        ("unipc", dict(eta=0.3), r"eta=0.3 applies only to sampler 'ddim'"),
+        ("dpmpp_2m", dict(use_corrector=False), r"use_corrector=False applies only to sampler 'unipc'"),
+        (
+            "unipc",
+            dict(schedule="trailing", rho=3.0),
+            r"rho=3.0 applies only to schedule='karras'.*'trailing'",
+        ),
+        ("dpmpp_2m", dict(schedule=[5.0, 1.0, 0.1], rho=5.0), r"rho=5.0 applies only to schedule='karras'"),
+        ("ddim", dict(lower_order_final=False), r"lower_order_final=False applies only to the multistep"),
+        ("lcm", dict(final_step="variance"), r"final_step='variance' does not apply to 'lcm'"),
+        ("unipc", dict(timestep_scaling=5.0), r"timestep_scaling=5.0 applies only to sampler 'lcm'"),
+        (
+            "unipc",
+            dict(schedule="karras", original_inference_steps=20),
+            r"original_inference_steps=20 applies",
+        ),
+        ("unipc", dict(schedule="karras", schedule_kind="sigmas"), r"schedule_kind='sigmas' applies only"),
+        ("ddim", dict(eta=float("nan")), r"eta must be a finite number >= 0, got nan"),
+        ("ddim", dict(eta=float("inf")), r"eta must be a finite number >= 0, got inf"),
+        ("unipc", dict(schedule="karras", rho=float("nan")), r"rho must be a finite number > 0, got nan"),
+        ("unipc", dict(schedule="karras", rho=0.0), r"rho must be a finite number > 0, got 0.0"),
+        ("unipc", dict(schedule="karras", rho="7"), r"rho must be a finite number > 0, got '7'"),
+        (
+            "lcm",
+            dict(timestep_scaling=float("nan")),
+            r"timestep_scaling must be a finite number > 0, got nan",
+        ),
+        ("lcm", dict(original_inference_steps=0), r"original_inference_steps must be an int >= 1, got 0"),
+    ],
+)
+def test_options_that_would_be_ignored_or_are_not_finite_raise(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_scheduler(name, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(solver_order="2"), r"solver_order must be an int in \[1, 3\] or None, got '2' \(str\)"),
+        (dict(solver_order=2.0), r"solver_order must be an int in \[1, 3\] or None, got 2.0 \(float\)"),
+        (dict(solver_order=True), r"solver_order must be an int in \[1, 3\] or None, got True \(bool\)"),
+        (dict(use_corrector="no"), r"use_corrector must be True or False, got 'no' \(str\)"),
+        (dict(lower_order_final=0), r"lower_order_final must be True or False, got 0 \(int\)"),
+        (dict(fractional_timesteps=None), r"fractional_timesteps must be True or False, got None"),
+    ],
+)
+def test_option_types_are_checked(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        make_scheduler("unipc", **kwargs)
+
+
+def test_options_that_apply_are_accepted():
+    """The checks above reject only what is ignored: each option where it applies still works."""
+    make_scheduler("ddim", eta=0.5)
+    make_scheduler("unipc", use_corrector=False, solver_order=3, lower_order_final=False)
+    make_scheduler("dpmpp_2m", schedule="karras", rho=5.0)
+    make_scheduler("lcm", timestep_scaling=5.0, original_inference_steps=20)
+    make_scheduler("unipc", schedule=[5.0, 1.0, 0.1], schedule_kind="sigmas")
+    make_scheduler("dpmpp_2m_sde", lower_order_final=False)
+    # rounded-to-config values of the defaults are fine (from_pretrained round trips)
+    make_scheduler("unipc", schedule="karras", rho=7, eta=0)
 
 
 @pytest.mark.parametrize("n", [0, -3, 1001])
@@ -175,3 +245,30 @@ def test_documented_spacing_differences_from_diffusers():
     ddim = DDIMScheduler(**sd, timestep_spacing="linspace")
     ddim.set_timesteps(7)
     assert ddim.timesteps.tolist()[-1] == 0 and ours[-1] > 0  # DDIM's N-point linspace ends at t = 0
+
+
+CROSSOVER = {"ddim": 6, "euler": 6, "dpmpp_2m": 10, "dpmpp_3m": 15, "dpmpp_2m_sde": 20, "unipc": 10}
+
+
+@pytest.mark.parametrize("name", list(CROSSOVER))
+@pytest.mark.parametrize("n", [4, 6, 8, 10, 11, 15, 20, 21])
+def test_default_schedule_is_trailing_at_few_steps_then_karras(name, n):
+    """The default changed from Karras to "auto" (#12): on the trained model with guidance, trailing
+    beats Karras at few steps for every sampler and Karras wins above a per-sampler crossover
+    (benchmarks/results/sampler_defaults.md)."""
+    default = make_scheduler(name)
+    default.set_timesteps(n)
+    explicit = make_scheduler(name, schedule="trailing" if n <= CROSSOVER[name] else "karras")
+    explicit.set_timesteps(n)
+    assert default.config.schedule is None and default.schedule_name == "auto"
+    assert torch.equal(default.timesteps, explicit.timesteps)
+    assert torch.equal(default.sigmas, explicit.sigmas)
+    if n <= CROSSOVER[name]:  # trailing: integer timesteps starting at T - 1
+        assert default.timesteps[0] == 999 and default.timesteps.dtype == torch.int64
+    # "auto" passes rho to its Karras half
+    assert make_scheduler(name, rho=3.0).schedule_name == "auto"
+
+
+def test_lcm_keeps_its_own_default_schedule():
+    s = make_scheduler("lcm")
+    assert s.schedule_name == "lcm"

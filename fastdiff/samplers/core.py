@@ -44,21 +44,22 @@ class SamplerInfo:
     default_order: int
     default_schedule: str
     stochastic: bool  # draws fresh noise between steps
+    # schedule="auto" (the default) is "trailing" up to this many steps and "karras" above: the
+    # crossover measured per sampler on fastdiff-tiny (benchmarks/results/sampler_defaults.md)
+    trailing_up_to: int = 10
 
 
 SAMPLERS: dict[str, SamplerInfo] = {
     s.name: s
     for s in (
-        SamplerInfo("ddim", "DDIM (Song et al. 2021, eq. 12), eta >= 0", 1, 1, "karras", False),
+        SamplerInfo("ddim", "DDIM (Song et al. 2021, eq. 12), eta >= 0", 1, 1, "auto", False, 6),
         SamplerInfo(
-            "euler", "Euler on the PF-ODE in sigma (Karras et al. 2022, alg. 1)", 1, 1, "karras", False
+            "euler", "Euler on the PF-ODE in sigma (Karras et al. 2022, alg. 1)", 1, 1, "auto", False, 6
         ),
-        SamplerInfo("dpmpp_2m", "DPM-Solver++(2M) (Lu et al. 2022, alg. 2)", 3, 2, "karras", False),
-        SamplerInfo("dpmpp_3m", "DPM-Solver++(3M) multistep", 3, 3, "karras", False),
-        SamplerInfo("dpmpp_2m_sde", "SDE-DPM-Solver++(2M) (Lu et al. 2022)", 2, 2, "karras", True),
-        SamplerInfo(
-            "unipc", "UniPC-p with UniC corrector, B(h)=bh2 (Zhao et al. 2023)", 3, 2, "karras", False
-        ),
+        SamplerInfo("dpmpp_2m", "DPM-Solver++(2M) (Lu et al. 2022, alg. 2)", 3, 2, "auto", False),
+        SamplerInfo("dpmpp_3m", "DPM-Solver++(3M) multistep", 3, 3, "auto", False, 15),
+        SamplerInfo("dpmpp_2m_sde", "SDE-DPM-Solver++(2M) (Lu et al. 2022)", 2, 2, "auto", True, 20),
+        SamplerInfo("unipc", "UniPC-p with UniC corrector, B(h)=bh2 (Zhao et al. 2023)", 3, 2, "auto", False),
         SamplerInfo("lcm", "LCM multistep (Luo et al. 2023, alg. 1)", 1, 1, "lcm", True),
     )
 }

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .schedules import karras_sigmas
+from .schedules import build_schedule
 
 
 def run_scheduler(
@@ -83,6 +83,7 @@ def fit_schedule(
     reference_steps: int = 200,
     max_evals: int = 400,
     free_end: bool = False,
+    starts=("karras", "exponential"),
     verbose: bool = False,
     **options,
 ) -> list[float]:
@@ -99,6 +100,10 @@ def fit_schedule(
         max_evals: budget of sampler runs for the optimiser.
         free_end: also fit the last evaluated noise level (>= sigma_min) instead of fixing it
             at sigma_min; pays off with ``final_step="variance"``, whose error is O(sigma^4).
+        starts: schedules the optimiser starts from (the budget is split between them): names
+            (``"karras"``, ``"exponential"``, ``"trailing"``, ...) or explicit ``nfe + 1`` sigmas.
+            Start from the best fixed schedule measured for the model; a start whose end noise
+            level is above ``sigma_min`` (``"trailing"``) needs ``free_end=True``.
 
     Returns:
         ``nfe + 1`` VE sigmas (last 0) for ``make_scheduler(name, like=..., schedule=sigmas)``;
@@ -153,12 +158,7 @@ def fit_schedule(
         e = per_sample(logits)
         return float("inf") if e is None else float(e.median())
 
-    starts = [
-        np.log(np.diff(-np.log(karras_sigmas(nfe, ns.sigma_min, ns.sigma_max)))),
-        np.zeros(nfe - 1),  # uniform in log sigma (exponential schedule)
-    ]
-    if free_end:
-        starts = [np.append(x, x.min() - 3.0) for x in starts]  # start with the end at ~sigma_min
+    starts = [_start_logits(s, nfe, sched, free_end, log_lo) for s in _as_list_of_starts(starts)]
     candidates = list(starts)
     for x0 in starts:
         res = minimize(
@@ -168,8 +168,41 @@ def fit_schedule(
     scores = [median(c) for c in candidates]
     best = candidates[int(np.argmin(scores))]
     if verbose:
-        print(f"fit_schedule({name}, nfe={nfe}): karras {scores[0]:.3e} -> fitted {min(scores):.3e}")
+        print(f"fit_schedule({name}, nfe={nfe}): first start {scores[0]:.3e} -> fitted {min(scores):.3e}")
     return sigmas_of(best)
+
+
+def _as_list_of_starts(starts) -> list:
+    if isinstance(starts, (str, np.ndarray, torch.Tensor)) or (
+        len(starts) and isinstance(starts[0], (int, float))
+    ):
+        return [starts]  # one name or one explicit schedule
+    if not len(starts):
+        raise ValueError("starts must name at least one schedule")
+    return list(starts)
+
+
+def _start_logits(start, nfe: int, sched, free_end: bool, log_lo: float) -> np.ndarray:
+    """Softmax logits of a start schedule: log of its log-sigma gaps (+ unused span above sigma_min)."""
+    if isinstance(start, str):
+        _, sig = build_schedule(start, nfe, sched.noise_schedule, rho=sched.config.rho)
+    else:
+        sig = np.asarray([float(v) for v in start], dtype=np.float64)
+    sig = sig[sig > 0]
+    if len(sig) != nfe:
+        raise ValueError(
+            f"start schedule {start!r} has {len(sig)} positive sigmas; fit_schedule needs nfe={nfe}"
+        )
+    logits = np.log(np.maximum(np.diff(-np.log(sig)), 1e-6))
+    span = math.log(sig[-1]) - log_lo
+    if free_end:
+        return np.append(logits, math.log(max(span, 1e-3)) if span > 1e-9 else logits.min() - 3.0)
+    if span > 1e-6:
+        raise ValueError(
+            f"start schedule {start!r} ends at sigma {sig[-1]:.4g} above sigma_min {math.exp(log_lo):.4g}; "
+            "pass free_end=True to fit the last noise level"
+        )
+    return logits
 
 
 def save_schedule(path: str | os.PathLike, sigmas, **metadata) -> None:

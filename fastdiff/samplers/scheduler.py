@@ -59,6 +59,88 @@ def _as_config_value(schedule):
     return schedule
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def _validate_options(sampler: str, **o) -> None:
+    """Reject bad values and options that the chosen sampler or schedule would silently ignore.
+
+    Every message names the option, the value received and what is valid (issue #16): a sweep
+    that sets ``eta`` on DPM-Solver++ must fail, not report numbers identical to the default.
+    """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(SAMPLERS)}")
+    info = SAMPLERS[sampler]
+    if o["prediction_type"] not in PREDICTION_TYPES:
+        raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {o['prediction_type']!r}")
+    if o["final_step"] not in FINAL_STEPS:
+        raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {o['final_step']!r}")
+    schedule = o["schedule"]
+    if isinstance(schedule, str) and schedule not in NAMED_SCHEDULES:
+        raise ValueError(
+            f"unknown schedule {schedule!r}; valid: {', '.join(NAMED_SCHEDULES)}, "
+            "or an explicit list/tensor of sigmas (float) or timesteps (int)"
+        )
+    if o["schedule_kind"] not in (None, "sigmas", "timesteps"):
+        raise ValueError(f"schedule_kind must be None, 'sigmas' or 'timesteps', got {o['schedule_kind']!r}")
+    for flag in ("fractional_timesteps", "lower_order_final", "use_corrector"):
+        if not isinstance(o[flag], (bool, np.bool_)):
+            raise TypeError(f"{flag} must be True or False, got {o[flag]!r} ({type(o[flag]).__name__})")
+    for name, low in (("rho", 0.0), ("eta", 0.0), ("timestep_scaling", 0.0)):
+        v = o[name]
+        if not _is_real(v) or not math.isfinite(v) or (v <= low if name != "eta" else v < low):
+            rule = ">= 0" if name == "eta" else "> 0"
+            raise ValueError(f"{name} must be a finite number {rule}, got {v!r}")
+    ois = o["original_inference_steps"]
+    if not isinstance(ois, (int, np.integer)) or isinstance(ois, (bool, np.bool_)) or ois < 1:
+        raise ValueError(f"original_inference_steps must be an int >= 1, got {ois!r}")
+    order = o["solver_order"]
+    if order is not None:
+        if not isinstance(order, (int, np.integer)) or isinstance(order, (bool, np.bool_)):
+            raise TypeError(
+                f"{sampler}: solver_order must be an int in [1, {info.max_order}] or None, got {order!r} "
+                f"({type(order).__name__})"
+            )
+        if not 1 <= order <= info.max_order:
+            raise ValueError(f"{sampler}: solver_order must be in [1, {info.max_order}], got {order}")
+
+    # options that only some samplers / schedules read: a non-default value elsewhere is an error
+    effective = info.default_schedule if schedule is None else schedule
+    ignored = []
+    if o["eta"] != 0.0 and sampler != "ddim":
+        ignored.append(f"eta={o['eta']!r} applies only to sampler 'ddim'")
+    if o["use_corrector"] is not True and sampler != "unipc":
+        ignored.append(f"use_corrector={o['use_corrector']!r} applies only to sampler 'unipc'")
+    if o["lower_order_final"] is not True and info.max_order == 1:
+        ignored.append(
+            f"lower_order_final={o['lower_order_final']!r} applies only to the multistep samplers "
+            "'dpmpp_2m', 'dpmpp_3m', 'dpmpp_2m_sde', 'unipc'"
+        )
+    if o["final_step"] != "denoised" and sampler == "lcm":
+        ignored.append(f"final_step={o['final_step']!r} does not apply to 'lcm' (it always returns its x0)")
+    if o["timestep_scaling"] != 10.0 and sampler != "lcm":
+        ignored.append(f"timestep_scaling={o['timestep_scaling']!r} applies only to sampler 'lcm'")
+    if o["rho"] != 7.0 and effective not in ("karras", "auto"):
+        ignored.append(
+            f"rho={o['rho']!r} applies only to schedule='karras' or 'auto' (schedule here: {effective!r})"
+        )
+    if o["original_inference_steps"] != 50 and effective != "lcm":
+        ignored.append(
+            f"original_inference_steps={o['original_inference_steps']!r} applies only to schedule='lcm' "
+            f"(schedule here: {effective!r})"
+        )
+    if o["schedule_kind"] is not None and isinstance(effective, str):
+        ignored.append(
+            f"schedule_kind={o['schedule_kind']!r} applies only to an explicit schedule list "
+            f"(schedule here: {effective!r})"
+        )
+    if ignored:
+        raise ValueError(f"{sampler}: option(s) that would be silently ignored: " + "; ".join(ignored))
+
+
 class FastScheduler(SchedulerMixin, ConfigMixin):
     """One diffusers-compatible scheduler for every fastdiff sampler (see :func:`make_scheduler`)."""
 
@@ -88,26 +170,21 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
         original_inference_steps: int = 50,
         timestep_scaling: float = 10.0,
     ):
-        if sampler not in SAMPLERS:
-            raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(SAMPLERS)}")
-        if prediction_type not in PREDICTION_TYPES:
-            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
-        if final_step not in FINAL_STEPS:
-            raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {final_step!r}")
-        if isinstance(schedule, str) and schedule not in NAMED_SCHEDULES:
-            raise ValueError(
-                f"unknown schedule {schedule!r}; valid: {', '.join(NAMED_SCHEDULES)}, "
-                "or an explicit list/tensor of sigmas (float) or timesteps (int)"
-            )
-        if schedule_kind not in (None, "sigmas", "timesteps"):
-            raise ValueError(f"schedule_kind must be None, 'sigmas' or 'timesteps', got {schedule_kind!r}")
-        if rho <= 0:
-            raise ValueError(f"rho must be > 0, got {rho}")
-        if eta < 0:
-            raise ValueError(f"eta must be >= 0, got {eta}")
-        info = SAMPLERS[sampler]
-        if solver_order is not None and not 1 <= solver_order <= info.max_order:
-            raise ValueError(f"{sampler}: solver_order must be in [1, {info.max_order}], got {solver_order}")
+        _validate_options(
+            sampler,
+            prediction_type=prediction_type,
+            schedule=schedule,
+            schedule_kind=schedule_kind,
+            fractional_timesteps=fractional_timesteps,
+            solver_order=solver_order,
+            lower_order_final=lower_order_final,
+            use_corrector=use_corrector,
+            eta=eta,
+            final_step=final_step,
+            rho=rho,
+            original_inference_steps=original_inference_steps,
+            timestep_scaling=timestep_scaling,
+        )
         self.noise_schedule = NoiseSchedule(
             training_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas)
         )
@@ -167,6 +244,7 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
             rho=cfg.rho,
             fractional_timesteps=cfg.fractional_timesteps,
             original_inference_steps=cfg.original_inference_steps,
+            trailing_up_to=SAMPLERS[cfg.sampler].trailing_up_to,
         )
         if timesteps is not None:
             ts, sig = build_schedule(timesteps, None, self.noise_schedule, kind="timesteps", **kw)
@@ -385,7 +463,10 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
             (``num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas``),
             ``prediction_type`` and ``steps_offset`` are inherited.  ``None``: Stable Diffusion's.
         **options:
-            schedule: ``"karras"`` (default except LCM), ``"exponential"``, ``"uniform"`` (= ``"trailing"``),
+            schedule: ``"auto"`` (default except LCM: ``"trailing"`` up to 10 steps (DDIM/Euler 6,
+                DPM-Solver++(3M) 15, 2M-SDE 20), ``"karras"`` above, measured on the trained model in
+                ``benchmarks/results/sampler_defaults.md``),
+                ``"karras"``, ``"exponential"``, ``"uniform"`` (= ``"trailing"``),
                 ``"leading"``, ``"trailing"``, ``"linspace"``, ``"lcm"``, or an explicit list/tensor:
                 integer dtype = timesteps, floating dtype = VE sigmas (override with ``schedule_kind``);
                 e.g. the output of :func:`fastdiff.samplers.fit_schedule`.
