@@ -195,7 +195,7 @@ def quantize(
     per_channel: bool = True,
     activation_type: str = "uint8",
     weight_type: str = "int8",
-    reduce_range: bool = False,
+    reduce_range: bool | None = None,
     max_calibration_records: int | None = 64,
     calibration_cache: str | os.PathLike | None = None,
     nodes: Sequence[str] | None = None,
@@ -215,7 +215,9 @@ def quantize(
         per_channel: per-output-channel weight scales (recommended; TensorRT supports them).
         activation_type / weight_type: "uint8" or "int8". U8 activations x S8 weights is the
             VNNI fast path on x86; TensorRT wants S8 for both (symmetric).
-        reduce_range: 7-bit weights, for CPUs without VNNI where U8S8 products can saturate.
+        reduce_range: 7-bit weights, for CPUs without VNNI where U8S8 products saturate at int16.
+            ``None`` (default): on exactly when the CPU lacks VNNI (see :mod:`fastdiff.engines.cpu`)
+            and activations are uint8.
         calibration_cache: JSON file of activation ranges; reused when present (ranges do not
             depend on ``level``/``exclude``, so sweeps calibrate only once).
         nodes: explicit node names to quantise (overrides ``level`` and ``exclude``).
@@ -250,6 +252,8 @@ def quantize(
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     external = _has_external_data(onnx_path)
+    if reduce_range is None:
+        reduce_range = default_reduce_range(activation_type)
     if max_calibration_records is not None:
         calibration = calibration.subset(max_calibration_records)
 
@@ -286,6 +290,16 @@ def quantize(
                 calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
             )
     return out_path
+
+
+def default_reduce_range(activation_type: str = "uint8") -> bool:
+    """7-bit weights where u8 x s8 products would saturate: x86 CPUs without VNNI.
+
+    Only the u8-activation CPU path saturates; s8 x s8 (TensorRT) is unaffected.
+    """
+    from .cpu import has_vnni
+
+    return activation_type == "uint8" and not has_vnni()
 
 
 def qdq_summary(model_or_path) -> dict:
