@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,8 +20,15 @@ from .quality import QualityGateError, check_gate, compare_outputs
 
 logger = logging.getLogger("fastdiff.engines")
 
-PRECISIONS = {"onnxruntime": ("fp32", "int8"), "tensorrt": ("fp32", "fp16", "int8")}
-_ARTIFACT = {"onnxruntime": "engine.onnx", "tensorrt": "engine.plan"}
+PRECISIONS = {
+    "onnxruntime": ("fp32", "int8"),
+    "tensorrt": ("fp32", "fp16", "int8"),
+    "openvino": ("fp32", "bf16", "int8", "mixed", "auto"),
+}
+_ARTIFACT = {"onnxruntime": "engine.onnx", "tensorrt": "engine.plan", "openvino": "engine.xml"}
+_QUANTISED = ("int8", "mixed")
+# Layers that stayed in high precision in a mixed/int8 OpenVINO build (an artifact of its cache entry).
+_LAYERS_FILE = "layers.json"
 
 
 def _resolve(pipe_or_unet):
@@ -28,7 +36,8 @@ def _resolve(pipe_or_unet):
     unet = getattr(pipe_or_unet, "unet", None)
     pipe = pipe_or_unet if isinstance(unet, torch.nn.Module) else None
     unet = unet if pipe is not None else pipe_or_unet
-    unet = getattr(unet, "fastdiff_original_unet", unet)
+    if isinstance(unet, EngineUNet):
+        unet = unet.restore_target()
     if not isinstance(unet, torch.nn.Module) or not hasattr(unet, "config"):
         raise TypeError(
             f"compile_engine needs a diffusers pipeline with a .unet or a UNet2DConditionModel, "
@@ -43,20 +52,16 @@ def measure_quality(unet: torch.nn.Module, runner, inputs: CalibrationData) -> d
     device = next(unet.parameters()).device
     dtype = next(unet.parameters()).dtype
     outs, refs = [], []
+    signature = _export.unet_signature(unet)
     for record in inputs:
         out = runner(record).float().cpu()
-        kwargs = {k: v.to(device) for k, v in record.items()}
-        added = None
-        if "text_embeds" in kwargs:
-            added = {"text_embeds": kwargs.pop("text_embeds").to(dtype), "time_ids": kwargs.pop("time_ids")}
-        ref = unet(
-            kwargs.pop("sample").to(dtype),
-            kwargs.pop("timestep"),
-            kwargs.pop("encoder_hidden_states").to(dtype),
-            timestep_cond=kwargs.pop("timestep_cond", None),
-            added_cond_kwargs=added,
-            return_dict=False,
-        )[0]
+        kwargs = signature.from_flat({k: v.to(device) for k, v in record.items()})
+        kwargs = {
+            k: v.to(dtype) if k in ("sample", "encoder_hidden_states") else v for k, v in kwargs.items()
+        }
+        if kwargs["added_cond_kwargs"] is not None:
+            kwargs["added_cond_kwargs"]["text_embeds"] = kwargs["added_cond_kwargs"]["text_embeds"].to(dtype)
+        ref = unet(**kwargs, return_dict=False)[0]
         outs.append(out)
         refs.append(ref.float().cpu())
     return compare_outputs(outs, refs)
@@ -88,6 +93,9 @@ def compile_engine(
     trt_batch: tuple[int, int, int] = (1, 1, 8),
     trt_image_px: tuple[int, int, int] = (256, 512, 1024),
     install: bool = True,
+    static: bool = True,
+    smooth_quant: bool = True,
+    min_group_snr_db: float = 30.0,
 ) -> EngineUNet:
     """Compile the pipeline's U-Net into an ONNX Runtime or TensorRT engine and (by default) install it.
 
@@ -112,6 +120,17 @@ def compile_engine(
         use_cache: reuse/store engines in the cache; ``False`` builds in a temporary directory.
         trt_batch, trt_image_px: TensorRT optimisation profile (prompts, pixels) as (min, opt, max).
         install: replace ``pipe.unet`` with the engine.
+        static: OpenVINO: compile per input shape (reshaped static model) instead of once with
+            dynamic axes.
+        smooth_quant: OpenVINO int8/mixed: SmoothQuant on MatMuls (NNCF, alpha 0.95).
+        min_group_snr_db: OpenVINO "mixed": layer groups whose int8-alone SNR
+            (:func:`layer_sensitivity`) is below this stay in high precision.
+
+    OpenVINO precisions: "fp32", "bf16" (native only with AVX512-BF16/AMX), "int8" (NNCF on the
+    calibration records), "mixed" (int8 minus the sensitive groups, which run at bf16 where the
+    CPU has it, else fp32) and "auto": the first of mixed (if calibration is given), bf16 (if
+    native here) and fp32 that passes the quality gate. ``engine.build_info["high_precision_layers"]``
+    lists the weighted layers left unquantised.
 
     Returns the ``EngineUNet``; its ``quality`` dict holds the measured agreement.
 
@@ -128,11 +147,18 @@ def compile_engine(
         raise TypeError(
             f"calibration must be CalibrationData (from calibrate()), got {type(calibration).__name__}"
         )
-    if precision == "int8" and calibration is None:
+    if precision in _QUANTISED and calibration is None:
         raise ValueError(
-            "int8 needs calibration data: calibration = fastdiff.engines.calibrate(pipe, prompts, num_inference_steps=20)"
+            f"{precision} needs calibration data: "
+            "calibration = fastdiff.engines.calibrate(pipe, prompts, num_inference_steps=20)"
         )
-    if backend == "tensorrt":
+    if backend == "openvino":
+        from . import runtime_ov
+
+        runtime_ov.require_openvino("OpenVINO engines", nncf=precision in _QUANTISED)
+        if precision == "auto":
+            return _compile_auto(locals())
+    elif backend == "tensorrt":
         from .._compat import require
 
         require("tensorrt", "TensorRT engines")
@@ -146,7 +172,7 @@ def compile_engine(
     exclude = tuple([exclude] if isinstance(exclude, str) else exclude)
 
     calib_part = None
-    if precision == "int8":
+    if precision in _QUANTISED:
         calib_part, held = (
             calibration.split(holdout_every) if len(calibration) >= 2 else (calibration, calibration)
         )
@@ -175,7 +201,16 @@ def compile_engine(
         "sequence_length": sequence_length,
         "versions": library_versions(backend),
     }
-    if precision == "int8":
+    if precision in _QUANTISED and backend == "openvino":
+        parts["quant"] = {
+            "exclude": list(exclude),
+            "max_calibration_records": max_calibration_records,
+            "calibration": calib_part.fingerprint(),
+            "smooth_quant": smooth_quant,
+            "min_group_snr_db": min_group_snr_db if precision == "mixed" else None,
+            "nncf": library_versions("nncf").get("nncf"),
+        }
+    elif precision == "int8":
         parts["quant"] = {
             "level": level,
             "method": method,
@@ -191,7 +226,7 @@ def compile_engine(
         parts["trt_profile"] = {"batch": list(trt_batch), "image_px": list(trt_image_px)}
         parts["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     key = make_key(parts)
-    quality_key = CalibrationData(list(held.records)).fingerprint()
+    quality_key = held.fingerprint()
 
     cache = EngineCache(cache_dir)
     meta = cache.lookup(key, parts) if use_cache else None
@@ -218,6 +253,9 @@ def compile_engine(
                 exclude=exclude,
                 percentile=percentile,
                 max_calibration_records=max_calibration_records,
+                smooth_quant=smooth_quant,
+                min_group_snr_db=min_group_snr_db,
+                threads=threads,
                 trt_batch=trt_batch,
                 trt_image_px=trt_image_px,
                 # Timing caches are per GPU model and TensorRT version.
@@ -235,13 +273,33 @@ def compile_engine(
             entry = cache.entry_dir(key)
 
     artifact = entry / _ARTIFACT[backend]
-    if backend == "tensorrt":
-        runner = runtime_trt.TrtRunner(artifact, device=unet.device if unet.device.type == "cuda" else "cuda")
-    else:
-        from .runtime_ort import OrtRunner
+    try:
+        if backend == "tensorrt":
+            runner = runtime_trt.TrtRunner(
+                artifact, device=unet.device if unet.device.type == "cuda" else "cuda"
+            )
+        elif backend == "openvino":
+            hint = "bf16" if precision == "bf16" else "f32"
+            if precision == "mixed":
+                hint = runtime_ov.default_hint()
+            runner = runtime_ov.OvRunner(
+                artifact,
+                hint=hint,
+                static=static,
+                threads=threads,
+                blob_cache=cache.root / "openvino-blobs" if use_cache else None,
+            )
+        else:
+            from .runtime_ort import OrtRunner
 
-        runner = OrtRunner(artifact, threads=threads)
-
+            runner = OrtRunner(artifact, threads=threads)
+        layers_info = _read_layers(entry)
+    finally:
+        # Without the cache the build folder holds the whole model: the runner has loaded it, so go.
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+    if tmp_root is not None:
+        artifact = None
     stored = (meta or {}).get("quality", {})
     if cache_hit and stored.get("inputs") == quality_key:
         quality = dict(stored["result"])
@@ -260,6 +318,7 @@ def compile_engine(
         " [cache hit]" if cache_hit else "",
     )
     build_info = {"key": key, "entry": str(entry), "level": level if precision == "int8" else None}
+    build_info.update(layers_info)
     engine = EngineUNet(
         runner,
         unet,
@@ -284,8 +343,29 @@ def compile_engine(
             "installing %s/%s engine despite failing the quality gate: %s", backend, precision, failure
         )
     if pipe is not None and install:
-        pipe.unet = engine
+        _install(pipe, engine)
     return engine
+
+
+def _install(pipe, engine: EngineUNet) -> None:
+    """Swap the engine in for ``pipe.unet`` and record how to undo it (``fastdiff.restore``)."""
+    from .. import installed
+
+    original = engine.restore_target()
+
+    def undo():
+        if pipe.unet is engine:
+            pipe.unet = original
+
+    pipe.unet = engine
+    installed.record(pipe, "engine", undo, backend=engine.backend, precision=engine.precision)
+
+
+def _read_layers(entry: Path) -> dict:
+    import json
+
+    path = entry / _LAYERS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
@@ -316,7 +396,7 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
             dtype=onnx_dtype,
         )
         model_path = fp_path
-        if precision == "int8":
+        if precision == "int8" and backend != "openvino":
             symmetric = backend == "tensorrt"  # TensorRT takes only zero-point-0 int8
             model_path = _quantize.quantize(
                 fp_path,
@@ -331,6 +411,8 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
             )
         if backend == "onnxruntime":
             _move_onnx(model_path, entry / _ARTIFACT[backend])
+        elif backend == "openvino":
+            _build_openvino(fp_path, entry, precision, calib_part, opts)
         else:
             from . import runtime_trt
 
@@ -366,3 +448,76 @@ def _move_onnx(src: Path, dst: Path) -> None:
         location=dst.name + ".data",
         size_threshold=1024,
     )
+
+
+def _build_openvino(fp_path: Path, entry: Path, precision: str, calib_part, opts) -> None:
+    """Convert (and for int8/mixed, quantise with NNCF on the records) into ``entry/engine.xml``."""
+    import json
+
+    from . import runtime_ov
+    from .quantization import classify_nodes
+
+    model = runtime_ov.convert(fp_path)
+    if precision not in _QUANTISED:
+        runtime_ov.save(model, entry / _ARTIFACT["openvino"])
+        return
+    keep = list(opts["exclude"])
+    sensitivity = None
+    records = calib_part
+    if opts["max_calibration_records"] is not None:
+        records = calib_part.subset(opts["max_calibration_records"])
+    if precision == "mixed":
+        from .sensitivity import layer_sensitivity
+
+        fit, held = records.split(4) if len(records) >= 4 else (records, records)
+        sensitivity = layer_sensitivity(
+            fp_path, fit, held.subset(2), method="percentile", threads=opts["threads"]
+        )
+        weak = [r["group"] for r in sensitivity if r["snr_db"] < opts["min_group_snr_db"]]
+        categories = classify_nodes(fp_path)
+        keep += [f"^{re.escape(name)}(/|$)" for name, cat in categories.items() if cat in weak]
+    quantised = runtime_ov.quantize(
+        model,
+        records.records,
+        num_records=len(records),
+        exclude=keep,
+        smooth_quant=opts["smooth_quant"],
+    )
+    runtime_ov.save(quantised, entry / _ARTIFACT["openvino"])
+    int8 = runtime_ov.quantised_layers(quantised)
+    weighted = [
+        op.get_friendly_name()
+        for op in quantised.get_ops()
+        if op.get_type_name() in ("Convolution", "MatMul")
+        and op.input_value(1).get_node().get_type_name() != "Parameter"
+    ]
+    layers = {
+        "high_precision_layers": sorted(n for n in weighted if n not in int8),
+        "int8_layers": len(int8),
+        "sensitivity": sensitivity,
+    }
+    (entry / _LAYERS_FILE).write_text(json.dumps(layers, indent=1))
+
+
+def _compile_auto(call: dict) -> EngineUNet:
+    """OpenVINO "auto": the first precision, fastest first, that passes the quality gate here."""
+    from . import runtime_ov
+
+    candidates = (["mixed"] if call["calibration"] is not None else []) + (
+        ["bf16"] if runtime_ov.openvino_has_bf16() else []
+    )
+    candidates.append("fp32")
+    kwargs = {k: v for k, v in call.items() if k not in ("pipe_or_unet", "precision", "runtime_ov")}
+    failures = []
+    for i, precision in enumerate(candidates):
+        last = i == len(candidates) - 1
+        try:
+            engine = compile_engine(call["pipe_or_unet"], precision=precision, **kwargs)
+        except QualityGateError as e:
+            failures.append(f"{precision}: {e}")
+            if last:
+                raise
+            continue
+        engine.build_info["auto_rejected"] = failures
+        return engine
+    raise AssertionError("unreachable")
