@@ -562,3 +562,27 @@ def test_calibration_streams_records_to_disk(pipe, calib, onnx_path, tmp_path):
     assert torch.equal(OrtRunner(a)(r), OrtRunner(b)(r))
     with pytest.raises(FileExistsError, match="save_to"):
         calibrate(pipe, PROMPTS[:1], num_inference_steps=1, save_to=tmp_path / "rec")
+
+
+def test_minmax_ranges_cover_every_record_in_any_order(onnx_path, calib, tmp_path):
+    """Ranges are folded record by record: the result is the min/max over all records, whatever the order.
+
+    Regression: with CalibMaxIntermediateOutputs, ORT 1.32's MinMax calibrator discarded each full
+    batch instead of merging it, so 9 records calibrated on the last one only.
+    """
+    fit, _ = calib.split(4)
+    assert len(fit) > 8
+    reverse = CalibrationData(list(reversed(list(fit.records))), fit.meta)
+    caches = []
+    for i, data in enumerate((fit, reverse)):
+        cache = tmp_path / f"ranges{i}.json"
+        quantize(
+            onnx_path,
+            data,
+            level="conv",
+            method="minmax",
+            out_path=tmp_path / f"{i}.onnx",
+            calibration_cache=cache,
+        )
+        caches.append(json.loads(cache.read_text()))
+    assert caches[0] == caches[1]
