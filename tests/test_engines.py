@@ -586,3 +586,38 @@ def test_minmax_ranges_cover_every_record_in_any_order(onnx_path, calib, tmp_pat
         )
         caches.append(json.loads(cache.read_text()))
     assert caches[0] == caches[1]
+
+
+# ---------------------------------------------------------------- TensorRT fixes (no TensorRT here: stand-ins)
+
+
+def test_tensorrt_cfg_follows_the_records_and_the_unet(pipe, calib):
+    """Batch-1 pipelines (guidance <= 1, LCM) get a profile that starts at batch 1."""
+    from fastdiff.engines.compile import uses_cfg
+
+    sig = unet_signature(pipe.unet)
+    assert uses_cfg(calib, sig) is True  # recorded with guidance 7.5
+    no_cfg = CalibrationData(calib.records[:1], {**calib.meta, "guidance_scale": 1.0})
+    assert uses_cfg(no_cfg, sig) is False
+    lcm = type(sig)(**{**sig.__dict__, "time_cond_dim": 16})
+    assert uses_cfg(None, lcm) is False and uses_cfg(calib, lcm) is False
+    assert uses_cfg(None, sig) is True
+    shapes = tensorrt_profile_shapes(sig, batch=(1, 1, 4), cfg=uses_cfg(no_cfg, sig))
+    assert shapes["sample"][0][0] == 1
+
+
+def test_tensorrt_out_of_profile_shape_is_a_clear_error():
+    """What is exercised: TrtRunner._set_shape with a stand-in context whose set_input_shape returns
+    False, as TensorRT's does for a shape outside the profile. What is not: a real engine."""
+    import types
+
+    from fastdiff.engines.runtime_trt import TrtRunner
+
+    runner = object.__new__(TrtRunner)
+    runner.context = types.SimpleNamespace(set_input_shape=lambda name, shape: shape[0] <= 8)
+    runner.engine = types.SimpleNamespace(
+        get_tensor_profile_shape=lambda name, i: [(2, 4, 32, 32), (2, 4, 64, 64), (8, 4, 128, 128)]
+    )
+    runner._set_shape("sample", (8, 4, 64, 64))  # inside: no error
+    with pytest.raises(ValueError, match=r"'sample'.*\(16, 4, 64, 64\).*max \(8, 4, 128, 128\)"):
+        runner._set_shape("sample", (16, 4, 64, 64))

@@ -223,7 +223,8 @@ def compile_engine(
             "reduce_range": backend == "onnxruntime" and _quantize.default_reduce_range("uint8"),
         }
     if backend == "tensorrt":
-        parts["trt_profile"] = {"batch": list(trt_batch), "image_px": list(trt_image_px)}
+        trt_cfg = uses_cfg(calibration or quality_inputs, signature, pipe)
+        parts["trt_profile"] = {"batch": list(trt_batch), "image_px": list(trt_image_px), "cfg": trt_cfg}
         parts["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     key = make_key(parts)
     quality_key = held.fingerprint()
@@ -231,6 +232,7 @@ def compile_engine(
     cache = EngineCache(cache_dir)
     meta = cache.lookup(key, parts) if use_cache else None
     cache_hit = meta is not None
+    trt_cfg = parts.get("trt_profile", {}).get("cfg", True)
     tmp_root = None
     if cache_hit:
         entry = cache.entry_dir(key)
@@ -258,6 +260,7 @@ def compile_engine(
                 threads=threads,
                 trt_batch=trt_batch,
                 trt_image_px=trt_image_px,
+                trt_cfg=trt_cfg,
                 # Timing caches are per GPU model and TensorRT version.
                 timing_cache=cache.root
                 / f"tensorrt-timing-{make_key(parts.get('versions', {}) | {'gpu': parts.get('gpu')})[:12]}.cache"
@@ -368,6 +371,22 @@ def _read_layers(entry: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def uses_cfg(records: CalibrationData | None, signature, pipe=None) -> bool:
+    """Whether the U-Net sees classifier-free-guidance pairs (twice the prompt batch).
+
+    From the recorded runs when there are any (their guidance scale), else: not for U-Nets with
+    guidance embedded (LCM's ``time_cond_proj_dim``) or pipelines whose default guidance is <= 1,
+    else yes (Stable Diffusion's default guidance is 7.5). A wrong True made batch-1 inputs fall
+    outside the TensorRT profile.
+    """
+    if records is not None and "guidance_scale" in records.meta:
+        return float(records.meta["guidance_scale"]) > 1.0 and signature.time_cond_dim is None
+    if signature.time_cond_dim is not None:
+        return False
+    guidance = getattr(pipe, "_guidance_scale", None)
+    return guidance is None or float(guidance) > 1.0
+
+
 def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
     import json
 
@@ -385,6 +404,8 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
 
     with tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
         tmp = Path(tmp)
+        # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
+        # unquantised layers run in fp32. An fp16 export's Q/DQ pass selects no node yet.
         onnx_dtype = torch.float16 if precision == "fp16" else torch.float32
         fp_path = _export.export_onnx(
             unet,
@@ -420,7 +441,7 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
                 signature,
                 batch=opts["trt_batch"],
                 image_px=opts["trt_image_px"],
-                cfg=True,
+                cfg=opts["trt_cfg"],
                 sequence_length=opts["sequence_length"],
             )
             runtime_trt.build_engine(

@@ -143,10 +143,11 @@ class _Reader:
     histograms before the next one is read, and records on disk are read only when fed.
     """
 
-    def __new__(cls, calibration: CalibrationData, input_names: Sequence[str]):
+    def __new__(cls, calibration: CalibrationData, input_names: Sequence[str], dtypes: dict | None = None):
         from onnxruntime.quantization import CalibrationDataReader
 
         records = calibration.records
+        dtypes = dtypes or {}
 
         class Reader(CalibrationDataReader):
             def __init__(self):
@@ -165,7 +166,7 @@ class _Reader:
                 missing = [n for n in input_names if n not in r]
                 if missing:
                     raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(r)}")
-                return {n: r[n].numpy() for n in input_names}
+                return {n: r[n].numpy().astype(dtypes.get(n, "float32"), copy=False) for n in input_names}
 
             def __len__(self):
                 return len(records)
@@ -177,6 +178,17 @@ def _graph_input_names(path) -> list[str]:
     model = _load_graph(path)
     inits = {i.name for i in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def _graph_input_dtypes(path) -> dict[str, str]:
+    """numpy dtype name of every graph input (records are float32; an fp16 export takes float16)."""
+    import onnx
+
+    model = _load_graph(path)
+    return {
+        i.name: "float16" if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else "float32"
+        for i in model.graph.input
+    }
 
 
 def _has_external_data(path: Path) -> bool:
@@ -299,7 +311,9 @@ def quantize(
             quantize_static(
                 str(pre),
                 str(out_path),
-                calibration_data_reader=_Reader(calibration, _graph_input_names(pre)),
+                calibration_data_reader=_Reader(
+                    calibration, _graph_input_names(pre), _graph_input_dtypes(pre)
+                ),
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(_QUANTISABLE_OPS),
                 nodes_to_quantize=chosen,
