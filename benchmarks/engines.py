@@ -343,7 +343,7 @@ def _end_to_end(pipe, calib, args, work: Path) -> list[dict]:
     Uses the public path: ``compile_engine`` installs each engine into the pipeline.
     Prompts are the tiny model's held-out attribute combinations (calibration used train prompts).
     """
-    from fastdiff.engines import compile_engine
+    from fastdiff.engines import GateConfig, QuantConfig, compile_engine
     from fastdiff.metrics import psnr, score
     from fastdiff.tiny.data import list_prompts
     from fastdiff.tiny.load import REFERENCE_SETTINGS
@@ -365,9 +365,9 @@ def _end_to_end(pipe, calib, args, work: Path) -> list[dict]:
     ref_images, ref_s = generate()
     rows.append({"variant": "torch-eager-fp32", "seconds": ref_s, **score(ref_images, attrs)})
     for precision, level in (("fp32", None), *(("int8", lv) for lv in args.e2e_levels.split(","))):
-        kwargs = {} if precision == "fp32" else {"calibration": calib, "level": level}
+        kwargs = {} if precision == "fp32" else {"calibration": calib, "quant": QuantConfig(level=level)}
         engine = compile_engine(
-            pipe, precision=precision, cache_dir=work / "cache", min_snr_db=None, **kwargs
+            pipe, precision=precision, cache_dir=work / "cache", gate=GateConfig(min_snr_db=None), **kwargs
         )
         images, secs = generate()
         pipe.unet = original

@@ -154,9 +154,11 @@ def unet_kwargs(unet, record):
 
 
 def _build(name, pipe, unet, fit, held, record, work: Path, args):
-    common = dict(
-        cache_dir=work / "cache", install=False, min_snr_db=None, max_calibration_records=args.records
-    )
+    from fastdiff.engines import GateConfig, QuantConfig
+
+    level = {"level": args.ort_level} if name.startswith("ort") else {}
+    quant = QuantConfig(max_calibration_records=args.records, **level)
+    common = dict(cache_dir=work / "cache", install=False, gate=GateConfig(min_snr_db=None), quant=quant)
     if name == "compile":
         compiled = torch.compile(unet)
 
@@ -177,7 +179,6 @@ def _build(name, pipe, unet, fit, held, record, work: Path, args):
         precision=precision,
         calibration=calibration,
         quality_inputs=held,
-        **({"level": args.ort_level} if backend == "onnxruntime" else {}),
         **common,
     )
     info = {"cache_hit": engine.cache_hit}

@@ -22,11 +22,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 import fastdiff  # noqa: E402
 from fastdiff._compat import is_available  # noqa: E402
-from fastdiff.engines import (  # noqa: E402
+from fastdiff.engines import (  # noqa: E402  # noqa: E402
     CalibrationData,
     EngineUNet,
+    GateConfig,
     OrtRunner,
     QualityGateError,
+    QuantConfig,
     calibrate,
     classify_nodes,
     compile_engine,
@@ -411,7 +413,12 @@ def test_cache_root_env(monkeypatch, tmp_path):
 def test_int8_engine_quality_gate(pipe, calib, tmp_path):
     with pytest.raises(QualityGateError) as err:
         compile_engine(
-            pipe, precision="int8", calibration=calib, cache_dir=tmp_path, method="minmax", min_snr_db=200
+            pipe,
+            precision="int8",
+            calibration=calib,
+            cache_dir=tmp_path,
+            quant=QuantConfig(method="minmax"),
+            gate=GateConfig(min_snr_db=200),
         )
     assert "SNR" in str(err.value) and "force=True" in str(err.value)
     measured = err.value.quality["snr_db"]
@@ -422,9 +429,8 @@ def test_int8_engine_quality_gate(pipe, calib, tmp_path):
         precision="int8",
         calibration=calib,
         cache_dir=tmp_path,
-        method="minmax",
-        min_snr_db=200,
-        force=True,
+        quant=QuantConfig(method="minmax"),
+        gate=GateConfig(min_snr_db=200, force=True),
     )
     try:
         assert pipe.unet is engine and engine.cache_hit  # built once, reused by the forced call
@@ -621,3 +627,12 @@ def test_tensorrt_out_of_profile_shape_is_a_clear_error():
     runner._set_shape("sample", (8, 4, 64, 64))  # inside: no error
     with pytest.raises(ValueError, match=r"'sample'.*\(16, 4, 64, 64\).*max \(8, 4, 128, 128\)"):
         runner._set_shape("sample", (16, 4, 64, 64))
+
+
+def test_configs_normalise_and_old_keywords_are_gone(pipe):
+    from fastdiff.engines import ExportConfig
+
+    assert QuantConfig(exclude="conv_in").exclude == ("conv_in",)
+    assert ExportConfig(dynamic="batch").dynamic == ("batch",)
+    with pytest.raises(TypeError, match="min_snr_db"):
+        compile_engine(pipe, min_snr_db=10)  # settings live in GateConfig / QuantConfig / ...

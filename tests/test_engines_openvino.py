@@ -19,9 +19,12 @@ from diffusers import DDIMScheduler  # noqa: E402
 
 from fastdiff import installed  # noqa: E402
 from fastdiff._compat import MissingDependencyError  # noqa: E402
-from fastdiff.engines import (  # noqa: E402
+from fastdiff.engines import (  # noqa: E402  # noqa: E402
     EngineUNet,
+    GateConfig,
     QualityGateError,
+    QuantConfig,
+    RuntimeConfig,
     calibrate,
     compile_engine,
     runtime_ov,  # noqa: E402
@@ -54,7 +57,12 @@ def calib(pipe):
 def int8_cache(pipe, calib, tmp_path_factory):
     root = tmp_path_factory.mktemp("ov-int8")
     engine = compile_engine(
-        pipe.unet, backend="openvino", precision="int8", calibration=calib, cache_dir=root, min_snr_db=None
+        pipe.unet,
+        backend="openvino",
+        precision="int8",
+        calibration=calib,
+        cache_dir=root,
+        gate=GateConfig(min_snr_db=None),
     )
     return root, engine
 
@@ -91,7 +99,9 @@ def test_fp32_engine_matches_eager_installs_restores_and_caches(pipe, tmp_path, 
 
 def test_dynamic_runner_matches_static(pipe, tmp_path):
     static = compile_engine(pipe.unet, backend="openvino", cache_dir=tmp_path)
-    dynamic = compile_engine(pipe.unet, backend="openvino", cache_dir=tmp_path, static=False)
+    dynamic = compile_engine(
+        pipe.unet, backend="openvino", cache_dir=tmp_path, runtime=RuntimeConfig(static=False)
+    )
     r = {
         "sample": torch.randn(2, 4, 16, 16),
         "timestep": torch.tensor([10.0, 900.0]),
@@ -125,7 +135,12 @@ def test_int8_quality_gate_refuses_and_installs_nothing(pipe, calib, int8_cache)
     root, engine = int8_cache
     with pytest.raises(QualityGateError, match="force=True"):
         compile_engine(
-            pipe, backend="openvino", precision="int8", calibration=calib, cache_dir=root, min_snr_db=200
+            pipe,
+            backend="openvino",
+            precision="int8",
+            calibration=calib,
+            cache_dir=root,
+            gate=GateConfig(min_snr_db=200),
         )
     assert not isinstance(pipe.unet, EngineUNet)
 
@@ -139,8 +154,8 @@ def test_mixed_keeps_sensitive_groups_in_high_precision(pipe, calib, tmp_path, i
         precision="mixed",
         calibration=calib,
         cache_dir=tmp_path,
-        min_group_snr_db=1000,
-        min_snr_db=None,
+        quant=QuantConfig(min_group_snr_db=1000),
+        gate=GateConfig(min_snr_db=None),
     )
     kept = set(engine.build_info["high_precision_layers"])
     assert set(int8.build_info["high_precision_layers"]) < kept

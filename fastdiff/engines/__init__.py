@@ -15,6 +15,7 @@ Typical use::
 from .cache import EngineCache, cache_root
 from .calibration import CalibrationData, UNetInputRecorder, calibrate, synthetic_inputs
 from .compile import PRECISIONS, compile_engine, measure_quality
+from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
 from .export import FlatUNet, UNetSignature, export_onnx, unet_signature
 from .module import EngineUNet
 from .quality import QualityGateError, cosine_similarity, snr_db
@@ -31,9 +32,13 @@ __all__ = [
     "CalibrationData",
     "EngineCache",
     "EngineUNet",
+    "ExportConfig",
+    "GateConfig",
     "FlatUNet",
     "OrtRunner",
     "QualityGateError",
+    "QuantConfig",
+    "RuntimeConfig",
     "UNetInputRecorder",
     "UNetSignature",
     "build_tensorrt_engine",

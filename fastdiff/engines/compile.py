@@ -1,12 +1,15 @@
-"""``compile_engine``: export, (quantise,) build, verify and install an engine in place of ``pipe.unet``."""
+"""``compile_engine``: export, (quantise,) build, verify and install an engine in place of ``pipe.unet``.
+
+Over 350 lines because ``compile_engine`` is still one sequence (validate, key, build, load, gate,
+install) shared by three backends; backend builds live in ``openvino_build.py`` / ``runtime_trt.py``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import re
 import shutil
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -15,6 +18,7 @@ from . import export as _export
 from . import quantization as _quantize
 from .cache import EngineCache, library_versions, make_key, weights_fingerprint
 from .calibration import CalibrationData, synthetic_inputs
+from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
 from .module import EngineUNet
 from .quality import QualityGateError, check_gate, compare_outputs
 
@@ -26,9 +30,9 @@ PRECISIONS = {
     "openvino": ("fp32", "bf16", "int8", "mixed", "auto"),
 }
 _ARTIFACT = {"onnxruntime": "engine.onnx", "tensorrt": "engine.plan", "openvino": "engine.xml"}
-_QUANTISED = ("int8", "mixed")
+_QUANTISED = ("int8", "mixed")  # precisions that need calibration
 # Layers that stayed in high precision in a mixed/int8 OpenVINO build (an artifact of its cache entry).
-_LAYERS_FILE = "layers.json"
+_LAYERS_FILE = "layers.json"  # = openvino_build.LAYERS_FILE
 
 
 def _resolve(pipe_or_unet):
@@ -74,28 +78,13 @@ def compile_engine(
     calibration: CalibrationData | None = None,
     cache_dir: str | os.PathLike | None = None,
     *,
-    level: str = "conv+ffn+qkv",
-    method: str = "percentile",
-    exclude: Iterable[str] = _quantize.DEFAULT_EXCLUDE,
-    percentile: float = 99.999,
-    max_calibration_records: int | None = 64,
-    holdout_every: int = 4,
+    quant: QuantConfig | None = None,
+    gate: GateConfig | None = None,
+    export: ExportConfig | None = None,
+    runtime: RuntimeConfig | None = None,
     quality_inputs: CalibrationData | None = None,
-    min_snr_db: float | None = 20.0,
-    min_cosine: float | None = None,
-    force: bool = False,
-    opset: int = 17,
-    dynamic: Sequence[str] = ("batch", "height", "width"),
-    sample_shape: Sequence[int] | None = None,
-    sequence_length: int | None = None,
-    threads: int | None = None,
     use_cache: bool = True,
-    trt_batch: tuple[int, int, int] = (1, 1, 8),
-    trt_image_px: tuple[int, int, int] = (256, 512, 1024),
     install: bool = True,
-    static: bool = True,
-    smooth_quant: bool = True,
-    min_group_snr_db: float = 30.0,
 ) -> EngineUNet:
     """Compile the pipeline's U-Net into an ONNX Runtime or TensorRT engine and (by default) install it.
 
@@ -107,24 +96,14 @@ def compile_engine(
             ``holdout_every``-th record is held back to measure quality, the rest calibrate.
             For fp32/fp16 all records serve as quality inputs.
         cache_dir: engine cache root (default ``$FASTDIFF_CACHE_DIR/engines`` or ``~/.cache/fastdiff/engines``).
-        level, method, exclude, percentile, max_calibration_records: see :func:`quantize`.
+        quant: :class:`QuantConfig` (int8/mixed: level, calibration method, exclusions, hold-out).
+        gate: :class:`GateConfig` (min_snr_db=20 dB, min_cosine, force).
+        export: :class:`ExportConfig` (opset, dynamic axes, tracing shape, text length).
+        runtime: :class:`RuntimeConfig` (threads, OpenVINO static shapes, TensorRT profile).
         quality_inputs: explicit inputs for the quality check (else held-back calibration records,
             else random inputs over the timestep range).
-        min_snr_db, min_cosine: quality gate on the engine's output against the PyTorch U-Net.
-            ``None`` disables a criterion.
-        force: install even if the gate fails (the measured numbers are still logged).
-        opset, dynamic, sample_shape: see :func:`export_onnx`.
-        sequence_length: text tokens per prompt the engine is built for; default: from the
-            calibration records, else the pipeline tokenizer's ``model_max_length``, else 77.
-        threads: ONNX Runtime intra-op threads (default: all cores).
         use_cache: reuse/store engines in the cache; ``False`` builds in a temporary directory.
-        trt_batch, trt_image_px: TensorRT optimisation profile (prompts, pixels) as (min, opt, max).
         install: replace ``pipe.unet`` with the engine.
-        static: OpenVINO: compile per input shape (reshaped static model) instead of once with
-            dynamic axes.
-        smooth_quant: OpenVINO int8/mixed: SmoothQuant on MatMuls (NNCF, alpha 0.95).
-        min_group_snr_db: OpenVINO "mixed": layer groups whose int8-alone SNR
-            (:func:`layer_sensitivity`) is below this stay in high precision.
 
     OpenVINO precisions: "fp32", "bf16" (native only with AVX512-BF16/AMX), "int8" (NNCF on the
     calibration records), "mixed" (int8 minus the sensitive groups, which run at bf16 where the
@@ -157,7 +136,9 @@ def compile_engine(
 
         runtime_ov.require_openvino("OpenVINO engines", nncf=precision in _QUANTISED)
         if precision == "auto":
-            return _compile_auto(locals())
+            from .openvino_build import compile_auto
+
+            return compile_auto(compile_engine, locals())
     elif backend == "tensorrt":
         from .._compat import require
 
@@ -169,7 +150,23 @@ def compile_engine(
         require("onnxruntime", "ONNX Runtime engines")
     pipe, unet = _resolve(pipe_or_unet)
     signature = _export.unet_signature(unet)
-    exclude = tuple([exclude] if isinstance(exclude, str) else exclude)
+    quant, gate = quant or QuantConfig(), gate or GateConfig()
+    export, runtime = export or ExportConfig(), runtime or RuntimeConfig()
+    level, method, exclude, percentile = quant.level, quant.method, quant.exclude, quant.percentile
+    max_calibration_records, holdout_every = quant.max_calibration_records, quant.holdout_every
+    min_snr_db, min_cosine, force = gate.min_snr_db, gate.min_cosine, gate.force
+    opset, dynamic, sample_shape, sequence_length = (
+        export.opset,
+        export.dynamic,
+        export.sample_shape,
+        export.sequence_length,
+    )
+    threads, static, trt_batch, trt_image_px = (
+        runtime.threads,
+        runtime.static,
+        runtime.trt_batch,
+        runtime.trt_image_px,
+    )
 
     calib_part = None
     if precision in _QUANTISED:
@@ -206,8 +203,8 @@ def compile_engine(
             "exclude": list(exclude),
             "max_calibration_records": max_calibration_records,
             "calibration": calib_part.fingerprint(),
-            "smooth_quant": smooth_quant,
-            "min_group_snr_db": min_group_snr_db if precision == "mixed" else None,
+            "smooth_quant": quant.smooth_quant,
+            "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
             "nncf": library_versions("nncf").get("nncf"),
         }
     elif precision == "int8":
@@ -245,21 +242,10 @@ def compile_engine(
             tmp_root = Path(tempfile.mkdtemp(prefix="fastdiff-engine-"))
             entry = tmp_root
         try:
-            opts = dict(
-                opset=opset,
-                dynamic=dynamic,
-                sample_shape=sample_shape,
-                sequence_length=sequence_length,
-                level=level,
-                method=method,
-                exclude=exclude,
-                percentile=percentile,
-                max_calibration_records=max_calibration_records,
-                smooth_quant=smooth_quant,
-                min_group_snr_db=min_group_snr_db,
-                threads=threads,
-                trt_batch=trt_batch,
-                trt_image_px=trt_image_px,
+            spec = _BuildSpec(
+                quant=quant,
+                export=dataclasses.replace(export, sequence_length=sequence_length),
+                runtime=runtime,
                 trt_cfg=trt_cfg,
                 # Timing caches are per GPU model and TensorRT version.
                 timing_cache=cache.root
@@ -267,7 +253,7 @@ def compile_engine(
                 if use_cache and backend == "tensorrt"
                 else None,
             )
-            _build(unet, entry, backend, precision, calib_part, signature, opts)
+            _build(unet, entry, backend, precision, calib_part, signature, spec)
         except BaseException:
             shutil.rmtree(entry, ignore_errors=True)
             raise
@@ -338,7 +324,7 @@ def compile_engine(
         raise QualityGateError(
             f"{backend}/{precision} engine rejected: {failure} (measured on {quality['inputs']}; "
             f"SNR {quality['snr_db']:.2f} dB, cosine {quality['cosine']:.6f}). Try a lower quantisation level, "
-            "more exclusions, or pass force=True to install it anyway.",
+            "more exclusions, or pass gate=GateConfig(force=True) to install it anyway.",
             quality,
         )
     if failure:
@@ -398,7 +384,18 @@ def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, 
     os.replace(tmp, meta_path)
 
 
-def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -> None:
+@dataclasses.dataclass(frozen=True)
+class _BuildSpec:
+    """Everything a build needs besides the model: the caller's configs plus what compile_engine derived."""
+
+    quant: QuantConfig
+    export: ExportConfig
+    runtime: RuntimeConfig
+    trt_cfg: bool
+    timing_cache: Path | None
+
+
+def _build(unet, entry: Path, backend, precision, calib_part, signature, spec: _BuildSpec) -> None:
     """Write the engine artifact for ``backend``/``precision`` into ``entry``."""
     import tempfile
 
@@ -410,10 +407,10 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
         fp_path = _export.export_onnx(
             unet,
             tmp / "unet.onnx",
-            opset=opts["opset"],
-            dynamic=opts["dynamic"],
-            sample_shape=opts["sample_shape"],
-            sequence_length=opts["sequence_length"],
+            opset=spec.export.opset,
+            dynamic=spec.export.dynamic,
+            sample_shape=spec.export.sample_shape,
+            sequence_length=spec.export.sequence_length,
             dtype=onnx_dtype,
         )
         model_path = fp_path
@@ -422,33 +419,35 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -
             model_path = _quantize.quantize(
                 fp_path,
                 calib_part,
-                level=opts["level"],
-                method=opts["method"],
-                exclude=opts["exclude"],
-                percentile=opts["percentile"],
-                max_calibration_records=opts["max_calibration_records"],
+                level=spec.quant.level,
+                method=spec.quant.method,
+                exclude=spec.quant.exclude,
+                percentile=spec.quant.percentile,
+                max_calibration_records=spec.quant.max_calibration_records,
                 activation_type="int8" if symmetric else "uint8",
                 out_path=tmp / "unet.int8.onnx",
             )
         if backend == "onnxruntime":
             _move_onnx(model_path, entry / _ARTIFACT[backend])
         elif backend == "openvino":
-            _build_openvino(fp_path, entry, precision, calib_part, opts)
+            from .openvino_build import build_openvino
+
+            build_openvino(fp_path, entry / _ARTIFACT[backend], precision, calib_part, spec)
         else:
             from . import runtime_trt
 
             shapes = runtime_trt.profile_shapes(
                 signature,
-                batch=opts["trt_batch"],
-                image_px=opts["trt_image_px"],
-                cfg=opts["trt_cfg"],
-                sequence_length=opts["sequence_length"],
+                batch=spec.runtime.trt_batch,
+                image_px=spec.runtime.trt_image_px,
+                cfg=spec.trt_cfg,
+                sequence_length=spec.export.sequence_length,
             )
             runtime_trt.build_engine(
                 model_path,
                 entry / _ARTIFACT[backend],
                 shapes,
-                timing_cache=opts["timing_cache"],
+                timing_cache=spec.timing_cache,
             )
 
 
@@ -460,85 +459,4 @@ def _move_onnx(src: Path, dst: Path) -> None:
     if not data.exists():
         shutil.move(str(src), str(dst))
         return
-    model = onnx.load(str(src), load_external_data=True)
-    onnx.save_model(
-        model,
-        str(dst),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=dst.name + ".data",
-        size_threshold=1024,
-    )
-
-
-def _build_openvino(fp_path: Path, entry: Path, precision: str, calib_part, opts) -> None:
-    """Convert (and for int8/mixed, quantise with NNCF on the records) into ``entry/engine.xml``."""
-    import json
-
-    from . import runtime_ov
-    from .quantization import classify_nodes
-
-    model = runtime_ov.convert(fp_path)
-    if precision not in _QUANTISED:
-        runtime_ov.save(model, entry / _ARTIFACT["openvino"])
-        return
-    keep = list(opts["exclude"])
-    sensitivity = None
-    records = calib_part
-    if opts["max_calibration_records"] is not None:
-        records = calib_part.subset(opts["max_calibration_records"])
-    if precision == "mixed":
-        from .sensitivity import layer_sensitivity
-
-        fit, held = records.split(4) if len(records) >= 4 else (records, records)
-        sensitivity = layer_sensitivity(
-            fp_path, fit, held.subset(2), method="percentile", threads=opts["threads"]
-        )
-        weak = [r["group"] for r in sensitivity if r["snr_db"] < opts["min_group_snr_db"]]
-        categories = classify_nodes(fp_path)
-        keep += [f"^{re.escape(name)}(/|$)" for name, cat in categories.items() if cat in weak]
-    quantised = runtime_ov.quantize(
-        model,
-        records.records,
-        num_records=len(records),
-        exclude=keep,
-        smooth_quant=opts["smooth_quant"],
-    )
-    runtime_ov.save(quantised, entry / _ARTIFACT["openvino"])
-    int8 = runtime_ov.quantised_layers(quantised)
-    weighted = [
-        op.get_friendly_name()
-        for op in quantised.get_ops()
-        if op.get_type_name() in ("Convolution", "MatMul")
-        and op.input_value(1).get_node().get_type_name() != "Parameter"
-    ]
-    layers = {
-        "high_precision_layers": sorted(n for n in weighted if n not in int8),
-        "int8_layers": len(int8),
-        "sensitivity": sensitivity,
-    }
-    (entry / _LAYERS_FILE).write_text(json.dumps(layers, indent=1))
-
-
-def _compile_auto(call: dict) -> EngineUNet:
-    """OpenVINO "auto": the first precision, fastest first, that passes the quality gate here."""
-    from . import runtime_ov
-
-    candidates = (["mixed"] if call["calibration"] is not None else []) + (
-        ["bf16"] if runtime_ov.openvino_has_bf16() else []
-    )
-    candidates.append("fp32")
-    kwargs = {k: v for k, v in call.items() if k not in ("pipe_or_unet", "precision", "runtime_ov")}
-    failures = []
-    for i, precision in enumerate(candidates):
-        last = i == len(candidates) - 1
-        try:
-            engine = compile_engine(call["pipe_or_unet"], precision=precision, **kwargs)
-        except QualityGateError as e:
-            failures.append(f"{precision}: {e}")
-            if last:
-                raise
-            continue
-        engine.build_info["auto_rejected"] = failures
-        return engine
-    raise AssertionError("unreachable")
+    _export.save_onnx(onnx.load(str(src), load_external_data=True), dst, external_data=True)

@@ -161,23 +161,32 @@ def export_onnx(
                 )
             model = onnx.load(str(raw), load_external_data=True)
             _remove_stale(path)
-            if external_data:
-                onnx.save_model(
-                    model,
-                    str(path),
-                    save_as_external_data=True,
-                    all_tensors_to_one_file=True,
-                    location=path.name + ".data",
-                    size_threshold=1024,
-                )
-            else:
-                onnx.save_model(model, str(path))
+            save_onnx(model, path, external_data)
     finally:
         if not moved and was_training:
             unet.train()
     if check:
         # The path form handles external data and models above 2 GB.
         onnx.checker.check_model(str(path))
+    return path
+
+
+def save_onnx(model, path: Path, external_data: bool) -> Path:
+    """Write ``model`` to ``path``; with ``external_data`` every tensor above 1 KB goes to one
+    ``<name>.data`` file beside it (the only external-data layout fastdiff writes or reads)."""
+    import onnx
+
+    if not external_data:
+        onnx.save_model(model, str(path))
+        return path
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data",
+        size_threshold=1024,
+    )
     return path
 
 
