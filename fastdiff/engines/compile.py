@@ -396,11 +396,16 @@ class _BuildSpec:
 
 
 def _build(unet, entry: Path, backend, precision, calib_part, signature, spec: _BuildSpec) -> None:
-    """Write the engine artifact for ``backend``/``precision`` into ``entry``."""
+    """Write the engine artifact for ``backend``/``precision`` into ``entry`` (a tqdm bar per stage)."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
+    from tqdm.auto import tqdm
+
+    stages = ["export", *(["quantise"] if precision in _QUANTISED else []), "build"]
+    bar = tqdm(total=len(stages), desc=f"fastdiff {backend}/{precision}", unit="stage", leave=False)
+    with bar, tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
         tmp = Path(tmp)
+        bar.set_postfix_str("export")
         # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
         # unquantised layers run in fp32. An fp16 export's Q/DQ pass selects no node yet.
         onnx_dtype = torch.float16 if precision == "fp16" else torch.float32
@@ -413,8 +418,10 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, spec: _
             sequence_length=spec.export.sequence_length,
             dtype=onnx_dtype,
         )
+        bar.update()
         model_path = fp_path
         if precision == "int8" and backend != "openvino":
+            bar.set_postfix_str("quantise")
             symmetric = backend == "tensorrt"  # TensorRT takes only zero-point-0 int8
             model_path = _quantize.quantize(
                 fp_path,
@@ -427,6 +434,10 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, spec: _
                 activation_type="int8" if symmetric else "uint8",
                 out_path=tmp / "unet.int8.onnx",
             )
+            bar.update()
+        bar.set_postfix_str(
+            "build" if backend != "openvino" or precision not in _QUANTISED else "quantise + build"
+        )
         if backend == "onnxruntime":
             _move_onnx(model_path, entry / _ARTIFACT[backend])
         elif backend == "openvino":
@@ -449,6 +460,7 @@ def _build(unet, entry: Path, backend, precision, calib_part, signature, spec: _
                 shapes,
                 timing_cache=spec.timing_cache,
             )
+        bar.update(bar.total - bar.n)
 
 
 def _move_onnx(src: Path, dst: Path) -> None:
