@@ -55,7 +55,7 @@ def _prompts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def make_pipeline(model: str):
+def make_pipeline(model: str, side_px: int | None = None):
     """(pipeline, image side in px) for the requested model."""
     from diffusers import DDIMScheduler
 
@@ -77,7 +77,7 @@ def make_pipeline(model: str):
             pipe.unet = UNet2DConditionModel.from_config(cfg).eval()
         elif model != "sd15-full":
             raise SystemExit(f"unknown --model {model!r}; valid: tiny, sd15-full, sd15-half")
-        side = 256
+        side = side_px or 256
     if model != "tiny":  # the tiny model keeps its reference scheduler
         pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
@@ -114,7 +114,19 @@ def main(argv=None):
     p.add_argument("--e2e-levels", default="conv+ffn+qkv", help="int8 levels for the end-to-end comparison")
     p.add_argument("--name", default=None, help="results file name (default engines-<model>)")
     p.add_argument("--workdir", default=None)
+    p.add_argument(
+        "--suite", default="onnx", choices=["onnx", "cpu"], help="cpu: see benchmarks/engines_cpu.py"
+    )
+    p.add_argument(
+        "--rows", default="eager,ort-fp32,ov-plain-fp32,ov-plain-default,ov-fp32,ov-bf16,ov-int8,ov-mixed"
+    )
+    p.add_argument("--records", type=int, default=32, help="cpu suite: most calibration records used")
+    p.add_argument("--quality-records", type=int, default=2, help="cpu suite: held-back records judged")
+    p.add_argument("--ort-level", default="conv+ffn+qkv")
+    p.add_argument("--side", type=int, default=None, help="image side in px (sd15 models; default 256)")
     args = p.parse_args(argv)
+    if args.suite == "cpu":
+        return cpu_suite(args)
     logging.basicConfig(level=logging.WARNING)
     torch.manual_seed(0)
 
@@ -255,6 +267,61 @@ def main(argv=None):
     log("wrote", *paths)
 
 
+def cpu_suite(args):
+    """Rows of benchmarks/engines_cpu.py appended to one results file (several invocations, one file)."""
+    import os
+
+    from _common import RESULTS_DIR
+    from engines_cpu import ROWS, header, run_rows
+
+    args.rows = args.rows.split(",")
+    unknown = set(args.rows) - set(ROWS)
+    if unknown:
+        raise SystemExit(f"unknown --rows {sorted(unknown)}; valid: {list(ROWS)}")
+    pipe, args.side = make_pipeline(args.model, args.side)
+    name = args.name or f"engines-cpu-{args.model}-{args.side}"
+    work = Path(args.workdir or f"/tmp/fastdiff-bench-{name}")
+    work.mkdir(parents=True, exist_ok=True)
+    prompts = _prompts(args.calib_prompts)
+    if args.model == "tiny":
+        from fastdiff.tiny.data import sample_attributes
+
+        prompts = [a.prompt for a in sample_attributes(args.calib_prompts, seed=0, split="train")]
+    rows = run_rows(pipe, args, work, prompts, round_robin)
+    path = RESULTS_DIR / f"{name}.json"
+    prior = json.loads(path.read_text())["rows"] if path.is_file() else []
+    run = 1 + max((r["run"] for r in prior), default=0)
+    load = os.getloadavg()[0]
+    new = [{"run": run, "variant": k, "load_1min": round(load, 2), **v} for k, v in rows.items()]
+    meta = env_info()
+    meta.update(header())
+    meta.update(
+        {"model": args.model, "side_px": args.side, "calib_prompts": args.calib_prompts, "steps": args.steps}
+    )
+    cols = [
+        "run",
+        "variant",
+        "step_s",
+        "vs_eager",
+        "snr_db",
+        "snr_db_min",
+        "build_s",
+        "peak_rss_gb",
+        "load_1min",
+    ]
+    notes = (
+        f"- {args.model} U-Net, one step = batch 2 (CFG pair) at {args.side}x{args.side} px; SNR vs eager PyTorch "
+        f"fp32 on {args.quality_records} held-back recorded inputs; calibration {args.calib_prompts} prompts x "
+        f"{args.steps} steps (records streamed to disk), at most {args.records} records calibrate.\n"
+        "- vs_eager: median of round-robin repetitions in one process (each run times its rows against its own "
+        "eager row). peak_rss_gb: process peak while the row was built and judged (it includes the U-Net and "
+        "everything built before it in that run).\n"
+        "- CPU flags that matter here: " + ", ".join(meta["cpu_engine_flags"])
+    )
+    paths = write_results(name, prior + new, meta, cols, notes=notes)
+    print("wrote", *paths)
+
+
 @torch.no_grad()
 def _eager(unet, record):
     added = None
@@ -276,7 +343,7 @@ def _end_to_end(pipe, calib, args, work: Path) -> list[dict]:
     Uses the public path: ``compile_engine`` installs each engine into the pipeline.
     Prompts are the tiny model's held-out attribute combinations (calibration used train prompts).
     """
-    from fastdiff.engines import compile_engine
+    from fastdiff.engines import GateConfig, QuantConfig, compile_engine
     from fastdiff.metrics import psnr, score
     from fastdiff.tiny.data import list_prompts
     from fastdiff.tiny.load import REFERENCE_SETTINGS
@@ -298,9 +365,9 @@ def _end_to_end(pipe, calib, args, work: Path) -> list[dict]:
     ref_images, ref_s = generate()
     rows.append({"variant": "torch-eager-fp32", "seconds": ref_s, **score(ref_images, attrs)})
     for precision, level in (("fp32", None), *(("int8", lv) for lv in args.e2e_levels.split(","))):
-        kwargs = {} if precision == "fp32" else {"calibration": calib, "level": level}
+        kwargs = {} if precision == "fp32" else {"calibration": calib, "quant": QuantConfig(level=level)}
         engine = compile_engine(
-            pipe, precision=precision, cache_dir=work / "cache", min_snr_db=None, **kwargs
+            pipe, precision=precision, cache_dir=work / "cache", gate=GateConfig(min_snr_db=None), **kwargs
         )
         images, secs = generate()
         pipe.unet = original

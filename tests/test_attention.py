@@ -84,3 +84,52 @@ def test_processor_in_unet_matches_math(backend):
     with torch.no_grad():
         out = pipe.unet(**inputs).sample
     assert rel(out, ref) <= 1e-5
+
+
+# ---------------------------------------------------------------- xFormers bias and FA3 selection (no GPU here)
+
+
+def test_xformers_bias_dtype_alignment_and_values():
+    """What is exercised: the bias handed to xFormers (dtype, 8-element aligned storage, values).
+    What is not: xFormers' kernel itself (needs CUDA and the package)."""
+    from fastdiff.ops.attention import xformers_bias
+
+    q = torch.randn(2, 3, 5, 16, dtype=torch.float16)
+    k = torch.randn(2, 3, 77, 16, dtype=torch.float16)
+    add = torch.randn(2, 1, 1, 77)  # float32 additive text mask, broadcast over heads and queries
+    bias = xformers_bias(add, q, k)
+    assert bias.dtype == torch.float16 and bias.shape == (2, 3, 5, 77)
+    assert bias.stride(2) % 8 == 0 and bias.stride(3) == 1
+    torch.testing.assert_close(bias.float(), add.half().float().expand(2, 3, 5, 77))
+    keep = torch.rand(2, 3, 5, 77) > 0.3
+    b2 = xformers_bias(keep, q, k)
+    assert torch.isneginf(b2[~keep]).all() and (b2[keep] == 0).all()
+    assert xformers_bias(None, q, k) is None
+
+
+def test_flash_attn_probes_the_models_head_dim(monkeypatch):
+    """FA3 is chosen only for head dims a real call accepts; SD1.5's 40/80/160 fall back to FA2 here.
+
+    What is exercised: the selection and its probe, with stand-in FA2/FA3 modules on CPU tensors.
+    What is not: the real kernels (need a Hopper GPU and the packages)."""
+    import types
+
+    att = __import__("importlib").import_module("fastdiff.ops.attention")
+
+    def fa3(q, k, v, softmax_scale=None):
+        if q.shape[-1] not in (64, 128, 256):
+            raise RuntimeError("FlashAttention-3 forward only supports head dimension 64, 128, 256")
+        return q, None
+
+    fake3 = types.SimpleNamespace(flash_attn_func=fa3)
+    fake2 = types.SimpleNamespace(flash_attn_func=lambda q, k, v, softmax_scale=None: q)
+    monkeypatch.setitem(__import__("sys").modules, "flash_attn_interface", fake3)
+    monkeypatch.setattr(att, "is_available", lambda m: True)
+    monkeypatch.setattr(att, "require", lambda m, feature: fake2)
+    att._flash_attn_fn.cache_clear()
+    try:
+        assert att._flash_attn_fn(64, torch.float16, "cpu") == (fa3, "fa3")
+        for d in (40, 80, 160):
+            assert att._flash_attn_fn(d, torch.float16, "cpu")[1] == "fa2"
+    finally:
+        att._flash_attn_fn.cache_clear()

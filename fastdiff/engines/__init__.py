@@ -10,11 +10,19 @@ Typical use::
     print(engine.quality)           # SNR / cosine vs the PyTorch U-Net on held-back steps
     image = pipe(prompt).images[0]  # pipe.unet is now the engine
     fastdiff.restore(pipe)          # back to the PyTorch U-Net
+
+Map: ``compile.py`` (cache key, build, quality gate, install/restore record) drives every backend;
+``config.py`` its settings. A backend adds a runner (``runtime_<name>.py``: flat inputs in, torch
+tensor out), its build (``openvino_build.py`` / ``runtime_trt.build_engine`` / ``_move_onnx``), an
+entry in ``compile.PRECISIONS`` and ``_ARTIFACT``. Inputs are described once in
+:mod:`fastdiff.unet_inputs`; records stream from disk via ``records.py``; CPU capabilities
+(VNNI, bf16) are in ``cpu.py``.
 """
 
 from .cache import EngineCache, cache_root
 from .calibration import CalibrationData, UNetInputRecorder, calibrate, synthetic_inputs
 from .compile import PRECISIONS, compile_engine, measure_quality
+from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
 from .export import FlatUNet, UNetSignature, export_onnx, unet_signature
 from .module import EngineUNet
 from .quality import QualityGateError, cosine_similarity, snr_db
@@ -31,9 +39,13 @@ __all__ = [
     "CalibrationData",
     "EngineCache",
     "EngineUNet",
+    "ExportConfig",
+    "GateConfig",
     "FlatUNet",
     "OrtRunner",
     "QualityGateError",
+    "QuantConfig",
+    "RuntimeConfig",
     "UNetInputRecorder",
     "UNetSignature",
     "build_tensorrt_engine",

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from .export import unet_signature
+from ..unet_inputs import unet_signature
+from .records import DiskRecords, RecordSpill
 
 _RECORD_KEYS = ("sample", "timestep", "encoder_hidden_states", "timestep_cond", "text_embeds", "time_ids")
 
@@ -32,8 +33,13 @@ class CalibrationData:
     record can be fed directly to an exported ONNX graph.
     """
 
-    records: list[dict[str, torch.Tensor]]
+    records: Sequence[dict[str, torch.Tensor]]  # a list, or DiskRecords read one at a time
     meta: dict = dataclasses.field(default_factory=dict)
+
+    def _take(self, indices: Sequence[int]) -> CalibrationData:
+        if isinstance(self.records, DiskRecords):
+            return CalibrationData(self.records.take(indices), dict(self.meta))
+        return CalibrationData([self.records[i] for i in indices], dict(self.meta))
 
     def __len__(self) -> int:
         return len(self.records)
@@ -54,11 +60,12 @@ class CalibrationData:
             raise ValueError(f"holdout_every must be >= 2, got {holdout_every}")
         if len(self.records) < 2:
             raise ValueError("need at least 2 records to split calibration data")
-        held = [r for i, r in enumerate(self.records) if i % holdout_every == holdout_every - 1]
-        kept = [r for i, r in enumerate(self.records) if i % holdout_every != holdout_every - 1]
+        n = len(self.records)
+        held = [i for i in range(n) if i % holdout_every == holdout_every - 1]
+        kept = [i for i in range(n) if i % holdout_every != holdout_every - 1]
         if not held:
             held, kept = kept[-1:], kept[:-1]
-        return CalibrationData(kept, dict(self.meta)), CalibrationData(held, dict(self.meta))
+        return self._take(kept), self._take(held)
 
     def subset(self, max_records: int) -> CalibrationData:
         """At most ``max_records`` records spread evenly over the sequence (hence over timesteps)."""
@@ -66,7 +73,7 @@ class CalibrationData:
         if max_records >= n:
             return self
         idx = sorted({round(i * (n - 1) / max(max_records - 1, 1)) for i in range(max_records)})
-        return CalibrationData([self.records[i] for i in idx], dict(self.meta))
+        return self._take(idx)
 
     def numpy_records(self, input_names: Sequence[str]) -> Iterator[dict]:
         for r in self.records:
@@ -99,8 +106,25 @@ class CalibrationData:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> CalibrationData:
+    def load(cls, path: str | os.PathLike, lazy: bool = False) -> CalibrationData:
+        """Read a file written by :meth:`save`, or a folder written by ``calibrate(save_to=...)``.
+
+        ``lazy=True`` (always for a folder) keeps the records on disk and reads each when used.
+        """
         from safetensors import safe_open
+
+        if Path(path).is_dir():
+            meta_file = Path(path) / "meta.json"
+            meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+            return cls(DiskRecords.from_dir(path), meta)
+        if lazy:
+            with safe_open(str(path), framework="pt") as f:
+                meta_raw = (f.metadata() or {}).get("fastdiff_calibration")
+            if meta_raw is None:
+                raise ValueError(
+                    f"{path} is not a fastdiff calibration file (no 'fastdiff_calibration' metadata)"
+                )
+            return cls(DiskRecords.from_file(path), json.loads(meta_raw))
 
         records: dict[int, dict[str, torch.Tensor]] = {}
         with safe_open(str(path), framework="pt") as f:
@@ -115,40 +139,38 @@ class CalibrationData:
         return cls([records[i] for i in sorted(records)], json.loads(meta_raw))
 
 
-def _flat_inputs(bound: inspect.BoundArguments) -> dict[str, torch.Tensor]:
-    """Turn one U-Net call's arguments into flat, batch-first CPU float32 tensors."""
+def _flat_inputs(signature, bound: inspect.BoundArguments) -> dict[str, torch.Tensor]:
+    """One U-Net call's arguments as flat, batch-first CPU float32 copies."""
     args = bound.arguments
-    sample = args["sample"]
-    batch = sample.shape[0]
-    t = args["timestep"]
-    t = torch.as_tensor(t, dtype=torch.float32).flatten()
-    t = t.expand(batch) if t.numel() == 1 else t
-    record = {
-        "sample": sample.detach().float().cpu().clone(),
-        "timestep": t.detach().float().cpu().clone(),
-        "encoder_hidden_states": args["encoder_hidden_states"].detach().float().cpu().clone(),
-    }
-    if args.get("timestep_cond") is not None:
-        record["timestep_cond"] = args["timestep_cond"].detach().float().cpu().clone()
-    added = args.get("added_cond_kwargs") or {}
-    for key in ("text_embeds", "time_ids"):
-        if key in added and added[key] is not None:
-            record[key] = added[key].detach().float().cpu().clone()
-    return record
+    flat = signature.to_flat(
+        args["sample"],
+        args["timestep"],
+        args["encoder_hidden_states"],
+        timestep_cond=args.get("timestep_cond"),
+        added_cond_kwargs=args.get("added_cond_kwargs"),
+    )
+    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in flat.items()}
 
 
 class UNetInputRecorder:
     """Context manager that records every U-Net call's inputs via a forward pre-hook."""
 
-    def __init__(self, unet: torch.nn.Module):
+    def __init__(self, unet: torch.nn.Module, save_to: str | os.PathLike | None = None):
         self.unet = unet
-        self.records: list[dict[str, torch.Tensor]] = []
+        self._spill = RecordSpill(save_to) if save_to is not None else None
+        self._kept: list[dict[str, torch.Tensor]] = []
         self._signature = inspect.signature(unet.forward)
+        self._flat = unet_signature(unet)
         self._handle = None
 
     def _hook(self, module, args, kwargs):
         bound = self._signature.bind(*args, **kwargs)
-        self.records.append(_flat_inputs(bound))
+        (self._spill or self._kept).append(_flat_inputs(self._flat, bound))
+
+    @property
+    def records(self):
+        """The records so far: a list, or :class:`DiskRecords` when spilling to ``save_to``."""
+        return self._spill.records() if self._spill is not None else self._kept
 
     def __enter__(self):
         self._handle = self.unet.register_forward_pre_hook(self._hook, with_kwargs=True)
@@ -170,6 +192,8 @@ def calibrate(
     width: int | None = None,
     prompts_per_batch: int = 1,
     seed: int = 0,
+    save_to: str | os.PathLike | None = None,
+    progress: bool = True,
     **pipe_kwargs,
 ) -> CalibrationData:
     """Run ``pipe`` over ``prompts`` and record the U-Net's inputs at every step.
@@ -179,6 +203,10 @@ def calibrate(
 
     Returns ``CalibrationData`` with ``len(prompts) / prompts_per_batch * num_inference_steps`` records
     (for schedulers that evaluate the U-Net once per step).
+
+    ``save_to``: a new folder; each record is written there as it is recorded and read back one
+    at a time later, so memory stays flat however many prompts and steps are recorded
+    (``CalibrationData.load(save_to)`` reopens it). ``progress``: a tqdm bar over prompt batches.
     """
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -194,8 +222,11 @@ def calibrate(
         raise TypeError(f"calibrate needs a diffusers pipeline with a .unet, got {type(pipe).__name__}")
     signature = unet_signature(unet)
     gen_device = "cpu"
-    with UNetInputRecorder(unet) as recorder, torch.no_grad():
-        for start in range(0, len(prompts), prompts_per_batch):
+    from tqdm.auto import tqdm
+
+    starts = range(0, len(prompts), prompts_per_batch)
+    with UNetInputRecorder(unet, save_to) as recorder, torch.no_grad():
+        for start in tqdm(starts, desc="fastdiff calibrate", unit="batch", disable=not progress, leave=False):
             chunk = prompts[start : start + prompts_per_batch]
             generator = torch.Generator(gen_device).manual_seed(seed + start)
             kwargs = dict(
@@ -222,6 +253,8 @@ def calibrate(
         "scheduler": type(pipe.scheduler).__name__,
         "input_names": list(signature.input_names),
     }
+    if save_to is not None:
+        (Path(save_to) / "meta.json").write_text(json.dumps(meta))
     return CalibrationData(recorder.records, meta)
 
 

@@ -1,11 +1,15 @@
-"""``compile_engine``: export, (quantise,) build, verify and install an engine in place of ``pipe.unet``."""
+"""``compile_engine``: export, (quantise,) build, verify and install an engine in place of ``pipe.unet``.
+
+Over 350 lines because ``compile_engine`` is still one sequence (validate, key, build, load, gate,
+install) shared by three backends; backend builds live in ``openvino_build.py`` / ``runtime_trt.py``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -14,13 +18,21 @@ from . import export as _export
 from . import quantization as _quantize
 from .cache import EngineCache, library_versions, make_key, weights_fingerprint
 from .calibration import CalibrationData, synthetic_inputs
+from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
 from .module import EngineUNet
 from .quality import QualityGateError, check_gate, compare_outputs
 
 logger = logging.getLogger("fastdiff.engines")
 
-PRECISIONS = {"onnxruntime": ("fp32", "int8"), "tensorrt": ("fp32", "fp16", "int8")}
-_ARTIFACT = {"onnxruntime": "engine.onnx", "tensorrt": "engine.plan"}
+PRECISIONS = {
+    "onnxruntime": ("fp32", "int8"),
+    "tensorrt": ("fp32", "fp16", "int8"),
+    "openvino": ("fp32", "bf16", "int8", "mixed", "auto"),
+}
+_ARTIFACT = {"onnxruntime": "engine.onnx", "tensorrt": "engine.plan", "openvino": "engine.xml"}
+_QUANTISED = ("int8", "mixed")  # precisions that need calibration
+# Layers that stayed in high precision in a mixed/int8 OpenVINO build (an artifact of its cache entry).
+_LAYERS_FILE = "layers.json"  # = openvino_build.LAYERS_FILE
 
 
 def _resolve(pipe_or_unet):
@@ -28,7 +40,8 @@ def _resolve(pipe_or_unet):
     unet = getattr(pipe_or_unet, "unet", None)
     pipe = pipe_or_unet if isinstance(unet, torch.nn.Module) else None
     unet = unet if pipe is not None else pipe_or_unet
-    unet = getattr(unet, "fastdiff_original_unet", unet)
+    if isinstance(unet, EngineUNet):
+        unet = unet.restore_target()
     if not isinstance(unet, torch.nn.Module) or not hasattr(unet, "config"):
         raise TypeError(
             f"compile_engine needs a diffusers pipeline with a .unet or a UNet2DConditionModel, "
@@ -43,20 +56,16 @@ def measure_quality(unet: torch.nn.Module, runner, inputs: CalibrationData) -> d
     device = next(unet.parameters()).device
     dtype = next(unet.parameters()).dtype
     outs, refs = [], []
+    signature = _export.unet_signature(unet)
     for record in inputs:
         out = runner(record).float().cpu()
-        kwargs = {k: v.to(device) for k, v in record.items()}
-        added = None
-        if "text_embeds" in kwargs:
-            added = {"text_embeds": kwargs.pop("text_embeds").to(dtype), "time_ids": kwargs.pop("time_ids")}
-        ref = unet(
-            kwargs.pop("sample").to(dtype),
-            kwargs.pop("timestep"),
-            kwargs.pop("encoder_hidden_states").to(dtype),
-            timestep_cond=kwargs.pop("timestep_cond", None),
-            added_cond_kwargs=added,
-            return_dict=False,
-        )[0]
+        kwargs = signature.from_flat({k: v.to(device) for k, v in record.items()})
+        kwargs = {
+            k: v.to(dtype) if k in ("sample", "encoder_hidden_states") else v for k, v in kwargs.items()
+        }
+        if kwargs["added_cond_kwargs"] is not None:
+            kwargs["added_cond_kwargs"]["text_embeds"] = kwargs["added_cond_kwargs"]["text_embeds"].to(dtype)
+        ref = unet(**kwargs, return_dict=False)[0]
         outs.append(out)
         refs.append(ref.float().cpu())
     return compare_outputs(outs, refs)
@@ -69,24 +78,12 @@ def compile_engine(
     calibration: CalibrationData | None = None,
     cache_dir: str | os.PathLike | None = None,
     *,
-    level: str = "conv+ffn+qkv",
-    method: str = "percentile",
-    exclude: Iterable[str] = _quantize.DEFAULT_EXCLUDE,
-    percentile: float = 99.999,
-    max_calibration_records: int | None = 64,
-    holdout_every: int = 4,
+    quant: QuantConfig | None = None,
+    gate: GateConfig | None = None,
+    export: ExportConfig | None = None,
+    runtime: RuntimeConfig | None = None,
     quality_inputs: CalibrationData | None = None,
-    min_snr_db: float | None = 20.0,
-    min_cosine: float | None = None,
-    force: bool = False,
-    opset: int = 17,
-    dynamic: Sequence[str] = ("batch", "height", "width"),
-    sample_shape: Sequence[int] | None = None,
-    sequence_length: int | None = None,
-    threads: int | None = None,
     use_cache: bool = True,
-    trt_batch: tuple[int, int, int] = (1, 1, 8),
-    trt_image_px: tuple[int, int, int] = (256, 512, 1024),
     install: bool = True,
 ) -> EngineUNet:
     """Compile the pipeline's U-Net into an ONNX Runtime or TensorRT engine and (by default) install it.
@@ -99,19 +96,20 @@ def compile_engine(
             ``holdout_every``-th record is held back to measure quality, the rest calibrate.
             For fp32/fp16 all records serve as quality inputs.
         cache_dir: engine cache root (default ``$FASTDIFF_CACHE_DIR/engines`` or ``~/.cache/fastdiff/engines``).
-        level, method, exclude, percentile, max_calibration_records: see :func:`quantize`.
+        quant: :class:`QuantConfig` (int8/mixed: level, calibration method, exclusions, hold-out).
+        gate: :class:`GateConfig` (min_snr_db=20 dB, min_cosine, force).
+        export: :class:`ExportConfig` (opset, dynamic axes, tracing shape, text length).
+        runtime: :class:`RuntimeConfig` (threads, OpenVINO static shapes, TensorRT profile).
         quality_inputs: explicit inputs for the quality check (else held-back calibration records,
             else random inputs over the timestep range).
-        min_snr_db, min_cosine: quality gate on the engine's output against the PyTorch U-Net.
-            ``None`` disables a criterion.
-        force: install even if the gate fails (the measured numbers are still logged).
-        opset, dynamic, sample_shape: see :func:`export_onnx`.
-        sequence_length: text tokens per prompt the engine is built for; default: from the
-            calibration records, else the pipeline tokenizer's ``model_max_length``, else 77.
-        threads: ONNX Runtime intra-op threads (default: all cores).
         use_cache: reuse/store engines in the cache; ``False`` builds in a temporary directory.
-        trt_batch, trt_image_px: TensorRT optimisation profile (prompts, pixels) as (min, opt, max).
         install: replace ``pipe.unet`` with the engine.
+
+    OpenVINO precisions: "fp32", "bf16" (native only with AVX512-BF16/AMX), "int8" (NNCF on the
+    calibration records), "mixed" (int8 minus the sensitive groups, which run at bf16 where the
+    CPU has it, else fp32) and "auto": the first of mixed (if calibration is given), bf16 (if
+    native here) and fp32 that passes the quality gate. ``engine.build_info["high_precision_layers"]``
+    lists the weighted layers left unquantised.
 
     Returns the ``EngineUNet``; its ``quality`` dict holds the measured agreement.
 
@@ -128,11 +126,20 @@ def compile_engine(
         raise TypeError(
             f"calibration must be CalibrationData (from calibrate()), got {type(calibration).__name__}"
         )
-    if precision == "int8" and calibration is None:
+    if precision in _QUANTISED and calibration is None:
         raise ValueError(
-            "int8 needs calibration data: calibration = fastdiff.engines.calibrate(pipe, prompts, num_inference_steps=20)"
+            f"{precision} needs calibration data: "
+            "calibration = fastdiff.engines.calibrate(pipe, prompts, num_inference_steps=20)"
         )
-    if backend == "tensorrt":
+    if backend == "openvino":
+        from . import runtime_ov
+
+        runtime_ov.require_openvino("OpenVINO engines", nncf=precision in _QUANTISED)
+        if precision == "auto":
+            from .openvino_build import compile_auto
+
+            return compile_auto(compile_engine, locals())
+    elif backend == "tensorrt":
         from .._compat import require
 
         require("tensorrt", "TensorRT engines")
@@ -143,10 +150,26 @@ def compile_engine(
         require("onnxruntime", "ONNX Runtime engines")
     pipe, unet = _resolve(pipe_or_unet)
     signature = _export.unet_signature(unet)
-    exclude = tuple([exclude] if isinstance(exclude, str) else exclude)
+    quant, gate = quant or QuantConfig(), gate or GateConfig()
+    export, runtime = export or ExportConfig(), runtime or RuntimeConfig()
+    level, method, exclude, percentile = quant.level, quant.method, quant.exclude, quant.percentile
+    max_calibration_records, holdout_every = quant.max_calibration_records, quant.holdout_every
+    min_snr_db, min_cosine, force = gate.min_snr_db, gate.min_cosine, gate.force
+    opset, dynamic, sample_shape, sequence_length = (
+        export.opset,
+        export.dynamic,
+        export.sample_shape,
+        export.sequence_length,
+    )
+    threads, static, trt_batch, trt_image_px = (
+        runtime.threads,
+        runtime.static,
+        runtime.trt_batch,
+        runtime.trt_image_px,
+    )
 
     calib_part = None
-    if precision == "int8":
+    if precision in _QUANTISED:
         calib_part, held = (
             calibration.split(holdout_every) if len(calibration) >= 2 else (calibration, calibration)
         )
@@ -175,7 +198,16 @@ def compile_engine(
         "sequence_length": sequence_length,
         "versions": library_versions(backend),
     }
-    if precision == "int8":
+    if precision in _QUANTISED and backend == "openvino":
+        parts["quant"] = {
+            "exclude": list(exclude),
+            "max_calibration_records": max_calibration_records,
+            "calibration": calib_part.fingerprint(),
+            "smooth_quant": quant.smooth_quant,
+            "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
+            "nncf": library_versions("nncf").get("nncf"),
+        }
+    elif precision == "int8":
         parts["quant"] = {
             "level": level,
             "method": method,
@@ -184,16 +216,20 @@ def compile_engine(
             "max_calibration_records": max_calibration_records,
             "calibration": calib_part.fingerprint(),
             "symmetric": backend == "tensorrt",
+            # u8 x s8 saturation without VNNI: the graph itself differs (7-bit weights).
+            "reduce_range": backend == "onnxruntime" and _quantize.default_reduce_range("uint8"),
         }
     if backend == "tensorrt":
-        parts["trt_profile"] = {"batch": list(trt_batch), "image_px": list(trt_image_px)}
+        trt_cfg = uses_cfg(calibration or quality_inputs, signature, pipe)
+        parts["trt_profile"] = {"batch": list(trt_batch), "image_px": list(trt_image_px), "cfg": trt_cfg}
         parts["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     key = make_key(parts)
-    quality_key = CalibrationData(list(held.records)).fingerprint()
+    quality_key = held.fingerprint()
 
     cache = EngineCache(cache_dir)
     meta = cache.lookup(key, parts) if use_cache else None
     cache_hit = meta is not None
+    trt_cfg = parts.get("trt_profile", {}).get("cfg", True)
     tmp_root = None
     if cache_hit:
         entry = cache.entry_dir(key)
@@ -206,25 +242,18 @@ def compile_engine(
             tmp_root = Path(tempfile.mkdtemp(prefix="fastdiff-engine-"))
             entry = tmp_root
         try:
-            opts = dict(
-                opset=opset,
-                dynamic=dynamic,
-                sample_shape=sample_shape,
-                sequence_length=sequence_length,
-                level=level,
-                method=method,
-                exclude=exclude,
-                percentile=percentile,
-                max_calibration_records=max_calibration_records,
-                trt_batch=trt_batch,
-                trt_image_px=trt_image_px,
+            spec = _BuildSpec(
+                quant=quant,
+                export=dataclasses.replace(export, sequence_length=sequence_length),
+                runtime=runtime,
+                trt_cfg=trt_cfg,
                 # Timing caches are per GPU model and TensorRT version.
                 timing_cache=cache.root
                 / f"tensorrt-timing-{make_key(parts.get('versions', {}) | {'gpu': parts.get('gpu')})[:12]}.cache"
                 if use_cache and backend == "tensorrt"
                 else None,
             )
-            _build(unet, entry, backend, precision, calib_part, signature, opts)
+            _build(unet, entry, backend, precision, calib_part, signature, spec)
         except BaseException:
             shutil.rmtree(entry, ignore_errors=True)
             raise
@@ -233,13 +262,33 @@ def compile_engine(
             entry = cache.entry_dir(key)
 
     artifact = entry / _ARTIFACT[backend]
-    if backend == "tensorrt":
-        runner = runtime_trt.TrtRunner(artifact, device=unet.device if unet.device.type == "cuda" else "cuda")
-    else:
-        from .runtime_ort import OrtRunner
+    try:
+        if backend == "tensorrt":
+            runner = runtime_trt.TrtRunner(
+                artifact, device=unet.device if unet.device.type == "cuda" else "cuda"
+            )
+        elif backend == "openvino":
+            hint = "bf16" if precision == "bf16" else "f32"
+            if precision == "mixed":
+                hint = runtime_ov.default_hint()
+            runner = runtime_ov.OvRunner(
+                artifact,
+                hint=hint,
+                static=static,
+                threads=threads,
+                blob_cache=cache.root / "openvino-blobs" if use_cache else None,
+            )
+        else:
+            from .runtime_ort import OrtRunner
 
-        runner = OrtRunner(artifact, threads=threads)
-
+            runner = OrtRunner(artifact, threads=threads)
+        layers_info = _read_layers(entry)
+    finally:
+        # Without the cache the build folder holds the whole model: the runner has loaded it, so go.
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+    if tmp_root is not None:
+        artifact = None
     stored = (meta or {}).get("quality", {})
     if cache_hit and stored.get("inputs") == quality_key:
         quality = dict(stored["result"])
@@ -258,6 +307,7 @@ def compile_engine(
         " [cache hit]" if cache_hit else "",
     )
     build_info = {"key": key, "entry": str(entry), "level": level if precision == "int8" else None}
+    build_info.update(layers_info)
     engine = EngineUNet(
         runner,
         unet,
@@ -274,7 +324,7 @@ def compile_engine(
         raise QualityGateError(
             f"{backend}/{precision} engine rejected: {failure} (measured on {quality['inputs']}; "
             f"SNR {quality['snr_db']:.2f} dB, cosine {quality['cosine']:.6f}). Try a lower quantisation level, "
-            "more exclusions, or pass force=True to install it anyway.",
+            "more exclusions, or pass gate=GateConfig(force=True) to install it anyway.",
             quality,
         )
     if failure:
@@ -282,8 +332,45 @@ def compile_engine(
             "installing %s/%s engine despite failing the quality gate: %s", backend, precision, failure
         )
     if pipe is not None and install:
-        pipe.unet = engine
+        _install(pipe, engine)
     return engine
+
+
+def _install(pipe, engine: EngineUNet) -> None:
+    """Swap the engine in for ``pipe.unet`` and record how to undo it (``fastdiff.restore``)."""
+    from .. import installed
+
+    original = engine.restore_target()
+
+    def undo():
+        if pipe.unet is engine:
+            pipe.unet = original
+
+    pipe.unet = engine
+    installed.record(pipe, "engine", undo, backend=engine.backend, precision=engine.precision)
+
+
+def _read_layers(entry: Path) -> dict:
+    import json
+
+    path = entry / _LAYERS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def uses_cfg(records: CalibrationData | None, signature, pipe=None) -> bool:
+    """Whether the U-Net sees classifier-free-guidance pairs (twice the prompt batch).
+
+    From the recorded runs when there are any (their guidance scale), else: not for U-Nets with
+    guidance embedded (LCM's ``time_cond_proj_dim``) or pipelines whose default guidance is <= 1,
+    else yes (Stable Diffusion's default guidance is 7.5). A wrong True made batch-1 inputs fall
+    outside the TensorRT profile.
+    """
+    if records is not None and "guidance_scale" in records.meta:
+        return float(records.meta["guidance_scale"]) > 1.0 and signature.time_cond_dim is None
+    if signature.time_cond_dim is not None:
+        return False
+    guidance = getattr(pipe, "_guidance_scale", None)
+    return guidance is None or float(guidance) > 1.0
 
 
 def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
@@ -297,54 +384,83 @@ def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, 
     os.replace(tmp, meta_path)
 
 
-def _build(unet, entry: Path, backend, precision, calib_part, signature, opts) -> None:
-    """Write the engine artifact for ``backend``/``precision`` into ``entry``."""
+@dataclasses.dataclass(frozen=True)
+class _BuildSpec:
+    """Everything a build needs besides the model: the caller's configs plus what compile_engine derived."""
+
+    quant: QuantConfig
+    export: ExportConfig
+    runtime: RuntimeConfig
+    trt_cfg: bool
+    timing_cache: Path | None
+
+
+def _build(unet, entry: Path, backend, precision, calib_part, signature, spec: _BuildSpec) -> None:
+    """Write the engine artifact for ``backend``/``precision`` into ``entry`` (a tqdm bar per stage)."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
+    from tqdm.auto import tqdm
+
+    stages = ["export", *(["quantise"] if precision in _QUANTISED else []), "build"]
+    bar = tqdm(total=len(stages), desc=f"fastdiff {backend}/{precision}", unit="stage", leave=False)
+    with bar, tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
         tmp = Path(tmp)
+        bar.set_postfix_str("export")
+        # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
+        # unquantised layers run in fp32. An fp16 export's Q/DQ pass selects no node yet.
         onnx_dtype = torch.float16 if precision == "fp16" else torch.float32
         fp_path = _export.export_onnx(
             unet,
             tmp / "unet.onnx",
-            opset=opts["opset"],
-            dynamic=opts["dynamic"],
-            sample_shape=opts["sample_shape"],
-            sequence_length=opts["sequence_length"],
+            opset=spec.export.opset,
+            dynamic=spec.export.dynamic,
+            sample_shape=spec.export.sample_shape,
+            sequence_length=spec.export.sequence_length,
             dtype=onnx_dtype,
         )
+        bar.update()
         model_path = fp_path
-        if precision == "int8":
+        if precision == "int8" and backend != "openvino":
+            bar.set_postfix_str("quantise")
             symmetric = backend == "tensorrt"  # TensorRT takes only zero-point-0 int8
             model_path = _quantize.quantize(
                 fp_path,
                 calib_part,
-                level=opts["level"],
-                method=opts["method"],
-                exclude=opts["exclude"],
-                percentile=opts["percentile"],
-                max_calibration_records=opts["max_calibration_records"],
+                level=spec.quant.level,
+                method=spec.quant.method,
+                exclude=spec.quant.exclude,
+                percentile=spec.quant.percentile,
+                max_calibration_records=spec.quant.max_calibration_records,
                 activation_type="int8" if symmetric else "uint8",
                 out_path=tmp / "unet.int8.onnx",
             )
+            bar.update()
+        bar.set_postfix_str(
+            "build" if backend != "openvino" or precision not in _QUANTISED else "quantise + build"
+        )
         if backend == "onnxruntime":
             _move_onnx(model_path, entry / _ARTIFACT[backend])
+        elif backend == "openvino":
+            from .openvino_build import build_openvino
+
+            build_openvino(fp_path, entry / _ARTIFACT[backend], precision, calib_part, spec)
         else:
             from . import runtime_trt
 
             shapes = runtime_trt.profile_shapes(
                 signature,
-                batch=opts["trt_batch"],
-                image_px=opts["trt_image_px"],
-                cfg=True,
-                sequence_length=opts["sequence_length"],
+                batch=spec.runtime.trt_batch,
+                image_px=spec.runtime.trt_image_px,
+                cfg=spec.trt_cfg,
+                sequence_length=spec.export.sequence_length,
             )
             runtime_trt.build_engine(
                 model_path,
                 entry / _ARTIFACT[backend],
                 shapes,
-                timing_cache=opts["timing_cache"],
+                timing_cache=spec.timing_cache,
             )
+        bar.update(bar.total - bar.n)
 
 
 def _move_onnx(src: Path, dst: Path) -> None:
@@ -355,12 +471,4 @@ def _move_onnx(src: Path, dst: Path) -> None:
     if not data.exists():
         shutil.move(str(src), str(dst))
         return
-    model = onnx.load(str(src), load_external_data=True)
-    onnx.save_model(
-        model,
-        str(dst),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=dst.name + ".data",
-        size_threshold=1024,
-    )
+    _export.save_onnx(onnx.load(str(src), load_external_data=True), dst, external_data=True)

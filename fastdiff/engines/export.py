@@ -19,7 +19,6 @@ weights exceed the 2 GB protobuf limit are written with one external data file.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -30,6 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..unet_inputs import UNetSignature, unet_signature
+
 # Protobuf refuses messages >= 2 GiB; keep a margin for the graph itself.
 _PROTOBUF_LIMIT_BYTES = 2**31 - 64 * 2**20
 
@@ -37,91 +38,6 @@ OUTPUT_NAME = "out_sample"
 # Inputs that stay float32 in an fp16 export (diffusers casts their embeddings itself).
 FLOAT32_INPUTS = ("timestep", "time_ids")
 _VALID_DYNAMIC = ("batch", "height", "width", "sequence")
-
-
-@dataclasses.dataclass(frozen=True)
-class UNetSignature:
-    """Shapes of the flat inputs an exported U-Net takes, read from its config."""
-
-    in_channels: int
-    out_channels: int
-    sample_size: int
-    cross_attention_dim: int
-    text_embeds_dim: int | None = None  # SDXL pooled text embedding width
-    time_ids_dim: int | None = None  # SDXL micro-conditioning (6 numbers)
-    time_cond_dim: int | None = None  # LCM guidance embedding width
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        names = ["sample", "timestep", "encoder_hidden_states"]
-        if self.time_cond_dim is not None:
-            names.append("timestep_cond")
-        if self.text_embeds_dim is not None:
-            names += ["text_embeds", "time_ids"]
-        return tuple(names)
-
-    @property
-    def is_sdxl(self) -> bool:
-        return self.text_embeds_dim is not None
-
-    def example_inputs(
-        self, batch: int, height: int, width: int, sequence: int = 77, generator=None
-    ) -> dict[str, torch.Tensor]:
-        """Random inputs with realistic scales (unit latents, t in [0, 1000))."""
-        g = generator
-        inputs = {
-            "sample": torch.randn(batch, self.in_channels, height, width, generator=g),
-            "timestep": torch.full((batch,), 500.0),
-            "encoder_hidden_states": torch.randn(batch, sequence, self.cross_attention_dim, generator=g),
-        }
-        if self.time_cond_dim is not None:
-            inputs["timestep_cond"] = torch.randn(batch, self.time_cond_dim, generator=g)
-        if self.text_embeds_dim is not None:
-            inputs["text_embeds"] = torch.randn(batch, self.text_embeds_dim, generator=g)
-            inputs["time_ids"] = torch.tensor(
-                [[height * 8.0, width * 8.0, 0.0, 0.0, height * 8.0, width * 8.0]]
-            )
-            inputs["time_ids"] = inputs["time_ids"].expand(batch, -1).contiguous()
-        return inputs
-
-
-def unet_signature(unet: nn.Module) -> UNetSignature:
-    """Read the flat input signature from a ``UNet2DConditionModel``'s config.
-
-    Raises ``ValueError`` for conditioning the flat signature cannot express
-    (class labels, image embeddings, ...).
-    """
-    config = getattr(unet, "config", None)
-    if config is None or not hasattr(config, "in_channels"):
-        raise TypeError(
-            f"expected a diffusers UNet2DConditionModel (with a .config), got {type(unet).__name__}"
-        )
-    cross = config.cross_attention_dim
-    if isinstance(cross, (list, tuple)):
-        if len(set(cross)) != 1:
-            raise ValueError(f"per-block cross_attention_dim {cross} is not supported by the engine export")
-        cross = cross[0]
-    if getattr(config, "class_embed_type", None) is not None or getattr(config, "num_class_embeds", None):
-        raise ValueError("U-Nets with class-label conditioning are not supported by the engine export")
-    add_type = getattr(config, "addition_embed_type", None)
-    text_embeds_dim = time_ids_dim = None
-    if add_type == "text_time":
-        time_ids_dim = 6
-        total = unet.add_embedding.linear_1.in_features
-        text_embeds_dim = total - time_ids_dim * config.addition_time_embed_dim
-    elif add_type is not None:
-        raise ValueError(
-            f"addition_embed_type={add_type!r} is not supported by the engine export (supported: None, 'text_time')"
-        )
-    return UNetSignature(
-        in_channels=config.in_channels,
-        out_channels=config.out_channels,
-        sample_size=config.sample_size if isinstance(config.sample_size, int) else config.sample_size[0],
-        cross_attention_dim=int(cross),
-        text_embeds_dim=text_embeds_dim,
-        time_ids_dim=time_ids_dim,
-        time_cond_dim=getattr(config, "time_cond_proj_dim", None),
-    )
 
 
 class FlatUNet(nn.Module):
@@ -132,20 +48,9 @@ class FlatUNet(nn.Module):
         self.unet = unet
         self.signature = signature
 
-    def forward(self, sample, timestep, encoder_hidden_states, *extra):
-        extra = list(extra)
-        timestep_cond = extra.pop(0) if self.signature.time_cond_dim is not None else None
-        added = None
-        if self.signature.is_sdxl:
-            added = {"text_embeds": extra[0], "time_ids": extra[1]}
-        return self.unet(
-            sample,
-            timestep,
-            encoder_hidden_states,
-            timestep_cond=timestep_cond,
-            added_cond_kwargs=added,
-            return_dict=False,
-        )[0]
+    def forward(self, *flat):
+        kwargs = self.signature.from_flat(dict(zip(self.signature.input_names, flat)))
+        return self.unet(**kwargs, return_dict=False)[0]
 
 
 def _dynamic_axes(signature: UNetSignature, dynamic: Sequence[str]) -> dict[str, dict[int, str]]:
@@ -256,23 +161,32 @@ def export_onnx(
                 )
             model = onnx.load(str(raw), load_external_data=True)
             _remove_stale(path)
-            if external_data:
-                onnx.save_model(
-                    model,
-                    str(path),
-                    save_as_external_data=True,
-                    all_tensors_to_one_file=True,
-                    location=path.name + ".data",
-                    size_threshold=1024,
-                )
-            else:
-                onnx.save_model(model, str(path))
+            save_onnx(model, path, external_data)
     finally:
         if not moved and was_training:
             unet.train()
     if check:
         # The path form handles external data and models above 2 GB.
         onnx.checker.check_model(str(path))
+    return path
+
+
+def save_onnx(model, path: Path, external_data: bool) -> Path:
+    """Write ``model`` to ``path``; with ``external_data`` every tensor above 1 KB goes to one
+    ``<name>.data`` file beside it (the only external-data layout fastdiff writes or reads)."""
+    import onnx
+
+    if not external_data:
+        onnx.save_model(model, str(path))
+        return path
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data",
+        size_threshold=1024,
+    )
     return path
 
 

@@ -7,7 +7,7 @@ import types
 import torch
 from torch import nn
 
-from .export import FLOAT32_INPUTS, UNetSignature
+from ..unet_inputs import UNetSignature
 
 _UNSUPPORTED = (
     "class_labels",
@@ -17,18 +17,6 @@ _UNSUPPORTED = (
     "mid_block_additional_residual",
     "down_intrablock_additional_residuals",
 )
-
-
-def _timestep_batch(timestep, batch: int) -> torch.Tensor:
-    """int, float, 0-d or 1-d tensor -> float32 tensor of shape (batch,)."""
-    if isinstance(timestep, bool) or not isinstance(timestep, (int, float, torch.Tensor)):
-        raise TypeError(f"timestep must be an int, float or tensor, got {type(timestep).__name__}")
-    t = torch.as_tensor(timestep).detach().to("cpu", torch.float32)
-    if t.ndim == 0 or t.numel() == 1:
-        return t.reshape(1).expand(batch)
-    if t.ndim != 1 or t.shape[0] != batch:
-        raise ValueError(f"timestep must be a scalar or have shape ({batch},), got shape {tuple(t.shape)}")
-    return t
 
 
 class EngineUNet(nn.Module):
@@ -125,38 +113,13 @@ class EngineUNet(nn.Module):
             raise NotImplementedError(
                 "a LoRA scale cannot change inside a compiled engine: fuse the LoRA with the wanted scale, then compile"
             )
-        sig = self.signature
-        if not isinstance(sample, torch.Tensor) or sample.ndim != 4 or sample.shape[1] != sig.in_channels:
-            got = tuple(sample.shape) if isinstance(sample, torch.Tensor) else type(sample).__name__
-            raise ValueError(f"sample must be a (batch, {sig.in_channels}, height, width) tensor, got {got}")
-        batch = sample.shape[0]
-        if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[0] != batch:
-            raise ValueError(
-                f"encoder_hidden_states must have shape ({batch}, tokens, {sig.cross_attention_dim}), "
-                f"got {tuple(encoder_hidden_states.shape)}"
-            )
-        inputs = {
-            "sample": sample,
-            "timestep": _timestep_batch(timestep, batch),
-            "encoder_hidden_states": encoder_hidden_states,
-        }
-        if sig.time_cond_dim is not None:
-            if timestep_cond is None:
-                raise ValueError("this U-Net needs timestep_cond (time_cond_proj_dim is set)")
-            inputs["timestep_cond"] = timestep_cond
-        if sig.is_sdxl:
-            if (
-                not added_cond_kwargs
-                or "text_embeds" not in added_cond_kwargs
-                or "time_ids" not in added_cond_kwargs
-            ):
-                raise ValueError("this SDXL U-Net needs added_cond_kwargs with 'text_embeds' and 'time_ids'")
-            inputs["text_embeds"] = added_cond_kwargs["text_embeds"]
-            time_ids = added_cond_kwargs["time_ids"]
-            inputs["time_ids"] = time_ids.expand(batch, -1) if time_ids.shape[0] == 1 else time_ids
-        for name, value in inputs.items():
-            if name not in FLOAT32_INPUTS and value.shape[0] != batch:
-                raise ValueError(f"{name} has batch {value.shape[0]}, sample has {batch}")
+        inputs = self.signature.to_flat(
+            sample,
+            timestep,
+            encoder_hidden_states,
+            timestep_cond=timestep_cond,
+            added_cond_kwargs=added_cond_kwargs,
+        )
         out = self.runner(inputs).to(device=sample.device, dtype=sample.dtype)
         if not return_dict:
             return (out,)

@@ -136,21 +136,40 @@ def select_nodes(
 
 
 class _Reader:
-    """onnxruntime ``CalibrationDataReader`` over recorded U-Net inputs (built lazily: ORT is optional)."""
+    """onnxruntime ``CalibrationDataReader`` over recorded U-Net inputs (built lazily: ORT is optional).
 
-    def __new__(cls, calibration: CalibrationData, input_names: Sequence[str]):
+    Supports ``set_range`` so ``quantize_static`` feeds the calibrator one record at a time
+    (``CalibStridedMinMax=1``): each record's activations are folded into the per-tensor ranges or
+    histograms before the next one is read, and records on disk are read only when fed.
+    """
+
+    def __new__(cls, calibration: CalibrationData, input_names: Sequence[str], dtypes: dict | None = None):
         from onnxruntime.quantization import CalibrationDataReader
+
+        records = calibration.records
+        dtypes = dtypes or {}
 
         class Reader(CalibrationDataReader):
             def __init__(self):
-                self._records = list(calibration.records)
-                self._iter = calibration.numpy_records(input_names)
+                self._range = range(len(records))
+                self._pos = iter(self._range)
+
+            def set_range(self, start_index: int, end_index: int):
+                self._range = range(start_index, min(end_index, len(records)))
+                self._pos = iter(self._range)
 
             def get_next(self):
-                return next(self._iter, None)
+                i = next(self._pos, None)
+                if i is None:
+                    return None
+                r = records[i]
+                missing = [n for n in input_names if n not in r]
+                if missing:
+                    raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(r)}")
+                return {n: r[n].numpy().astype(dtypes.get(n, "float32"), copy=False) for n in input_names}
 
             def __len__(self):
-                return len(self._records)
+                return len(records)
 
         return Reader()
 
@@ -159,6 +178,17 @@ def _graph_input_names(path) -> list[str]:
     model = _load_graph(path)
     inits = {i.name for i in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def _graph_input_dtypes(path) -> dict[str, str]:
+    """numpy dtype name of every graph input (records are float32; an fp16 export takes float16)."""
+    import onnx
+
+    model = _load_graph(path)
+    return {
+        i.name: "float16" if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else "float32"
+        for i in model.graph.input
+    }
 
 
 def _has_external_data(path: Path) -> bool:
@@ -195,7 +225,7 @@ def quantize(
     per_channel: bool = True,
     activation_type: str = "uint8",
     weight_type: str = "int8",
-    reduce_range: bool = False,
+    reduce_range: bool | None = None,
     max_calibration_records: int | None = 64,
     calibration_cache: str | os.PathLike | None = None,
     nodes: Sequence[str] | None = None,
@@ -215,7 +245,9 @@ def quantize(
         per_channel: per-output-channel weight scales (recommended; TensorRT supports them).
         activation_type / weight_type: "uint8" or "int8". U8 activations x S8 weights is the
             VNNI fast path on x86; TensorRT wants S8 for both (symmetric).
-        reduce_range: 7-bit weights, for CPUs without VNNI where U8S8 products can saturate.
+        reduce_range: 7-bit weights, for CPUs without VNNI where U8S8 products saturate at int16.
+            ``None`` (default): on exactly when the CPU lacks VNNI (see :mod:`fastdiff.engines.cpu`)
+            and activations are uint8.
         calibration_cache: JSON file of activation ranges; reused when present (ranges do not
             depend on ``level``/``exclude``, so sweeps calibrate only once).
         nodes: explicit node names to quantise (overrides ``level`` and ``exclude``).
@@ -250,6 +282,8 @@ def quantize(
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     external = _has_external_data(onnx_path)
+    if reduce_range is None:
+        reduce_range = default_reduce_range(activation_type)
     if max_calibration_records is not None:
         calibration = calibration.subset(max_calibration_records)
 
@@ -264,7 +298,12 @@ def quantize(
             "WeightSymmetric": True,
             "CalibTensorRangeSymmetric": activation_type == "int8",
             "CalibPercentile": percentile,
-            "CalibMaxIntermediateOutputs": 8,
+            # One record per collect_data call: ORT folds its activations into the per-tensor
+            # ranges/histograms before the next runs, so memory is one record's activations, not
+            # all of them (histogram calibrators keep every record otherwise: 22.8 GB at 6 records
+            # of full SD1.5 at 256^2). Not CalibMaxIntermediateOutputs: ORT 1.32's MinMax
+            # calibrator discards, rather than merges, each full batch of that size.
+            "CalibStridedMinMax": 1,
         }
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
@@ -272,7 +311,9 @@ def quantize(
             quantize_static(
                 str(pre),
                 str(out_path),
-                calibration_data_reader=_Reader(calibration, _graph_input_names(pre)),
+                calibration_data_reader=_Reader(
+                    calibration, _graph_input_names(pre), _graph_input_dtypes(pre)
+                ),
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(_QUANTISABLE_OPS),
                 nodes_to_quantize=chosen,
@@ -286,6 +327,16 @@ def quantize(
                 calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
             )
     return out_path
+
+
+def default_reduce_range(activation_type: str = "uint8") -> bool:
+    """7-bit weights where u8 x s8 products would saturate: x86 CPUs without VNNI.
+
+    Only the u8-activation CPU path saturates; s8 x s8 (TensorRT) is unaffected.
+    """
+    from .cpu import has_vnni
+
+    return activation_type == "uint8" and not has_vnni()
 
 
 def qdq_summary(model_or_path) -> dict:

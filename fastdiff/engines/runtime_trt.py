@@ -5,11 +5,13 @@ layer precisions come from the ONNX tensor types, not from builder flags. So
 
 * ``fp16`` engines are built from an fp16 ONNX export (:func:`export_onnx` with ``dtype=torch.float16``);
 * ``int8`` engines are built from an explicit Q/DQ graph (:func:`quantize` with symmetric int8
-  activations and weights, as TensorRT requires); layers left unquantised run in the ONNX's float type.
+  activations and weights, as TensorRT requires) of an fp32 export: layers left unquantised
+  run in fp32 (building from an fp16 export is an open item of #14).
 
-Nothing in this module has been executed in fastdiff's CI (no GPU there); the code
-follows the documented TensorRT 10 Python API (``build_serialized_network``,
-``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``).
+Tested here without TensorRT: profile shapes, the cfg choice, the out-of-profile error (with a
+stand-in execution context). ``build_engine`` and ``TrtRunner.__call__``
+have never executed in fastdiff's CI or on a machine of this project (no GPU, no tensorrt); the
+code follows the documented TensorRT 10 Python API.
 """
 
 from __future__ import annotations
@@ -131,6 +133,20 @@ class TrtRunner:
         self.input_names = tuple(n for n in names if self.engine.get_tensor_mode(n) == mode)
         self.output_name = next(n for n in names if self.engine.get_tensor_mode(n) != mode)
 
+    def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        """Bind ``shape`` to input ``name``; a shape outside the build profile is a clear error.
+
+        TensorRT's ``set_input_shape`` returns False (and logs) instead of raising; ignoring it
+        ran the engine on stale shapes.
+        """
+        if not self.context.set_input_shape(name, shape):
+            lo, _, hi = self.engine.get_tensor_profile_shape(name, 0)
+            raise ValueError(
+                f"input {name!r} has shape {shape}, outside the engine's optimisation profile "
+                f"(min {tuple(lo)}, max {tuple(hi)}); rebuild with compile_engine(..., trt_batch=..., "
+                "trt_image_px=...) covering it"
+            )
+
     def _torch_dtype(self, name: str) -> torch.dtype:
         dt = self.engine.get_tensor_dtype(name)
         table = {self.trt.float32: torch.float32, self.trt.float16: torch.float16}
@@ -144,7 +160,7 @@ class TrtRunner:
         for name in self.input_names:
             t = inputs[name].to(self.device, self._torch_dtype(name)).contiguous()
             keep.append(t)
-            self.context.set_input_shape(name, tuple(t.shape))
+            self._set_shape(name, tuple(t.shape))
             self.context.set_tensor_address(name, t.data_ptr())
         out_shape = tuple(self.context.get_tensor_shape(self.output_name))
         out = torch.empty(out_shape, dtype=self._torch_dtype(self.output_name), device=self.device)

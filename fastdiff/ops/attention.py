@@ -63,19 +63,35 @@ def _sdpa(q, k, v, attn_mask, scale, kernel):
         ) from err
 
 
+def xformers_bias(attn_mask, q, k):
+    """An xFormers ``attn_bias`` tensor for a boolean or additive mask, or None.
+
+    xFormers wants an additive bias in the query's dtype (a float32 mask with fp16 queries is
+    refused) whose last dimension sits in storage padded to a multiple of 8 elements; diffusers'
+    text masks have 77 keys. So: cast, broadcast to (B, H, Sq, Sk), and write into a zero-padded
+    (B, H, Sq, ceil8(Sk)) buffer, returning the (B, H, Sq, Sk) view, as xFormers' docs prescribe.
+    """
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~attn_mask, float("-inf")
+        )
+    else:
+        bias = attn_mask.to(q.dtype)
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    bias = bias.expand(shape)
+    keys = shape[3]
+    padded = torch.zeros(*shape[:3], keys + (-keys) % 8, dtype=q.dtype, device=q.device)
+    padded[..., :keys] = bias
+    return padded[..., :keys]
+
+
 def _xformers(q, k, v, attn_mask, scale):
     xops = require("xformers", "attention backend 'xformers'").ops
     if q.device.type != "cuda":
         raise AttentionBackendError("xformers attention needs CUDA tensors; use backend='auto' on CPU")
-    bias = None
-    if attn_mask is not None:
-        # xformers takes an additive bias broadcast to (B, H, Sq, Sk)
-        bias = (
-            attn_mask
-            if attn_mask.dtype != torch.bool
-            else torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
-        )
-        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    bias = xformers_bias(attn_mask, q, k)
     # xformers layout is (B, S, H, D)
     out = xops.memory_efficient_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias, scale=scale
@@ -84,15 +100,24 @@ def _xformers(q, k, v, attn_mask, scale):
 
 
 @functools.cache
-def _flash_attn_fn():
+def _flash_attn_fn(head_dim: int, dtype: torch.dtype, device: str = "cuda"):
+    """(function, "fa3" | "fa2") for this head dim: FA3 only where a real call at ``head_dim`` works.
+
+    Many FA3 builds support only some head dims (SD1.5 has 40, 80 and 160), so a probe at 64 says
+    nothing about the model: probe the head dim the call has, once per (head_dim, dtype).
+    """
     if (
-        torch.cuda.is_available()
-        and torch.cuda.get_device_capability()[0] == 9
-        and is_available("flash_attn_interface")
-    ):
+        device != "cuda" or (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9)
+    ) and is_available("flash_attn_interface"):
         import flash_attn_interface  # FA3, Hopper only
 
-        return flash_attn_interface.flash_attn_func, "fa3"
+        fn = flash_attn_interface.flash_attn_func
+        try:
+            x = torch.zeros(1, 8, 1, head_dim, dtype=dtype, device=device)
+            fn(x, x, x)
+            return fn, "fa3"
+        except (RuntimeError, ValueError, TypeError):  # head dim or dtype not built into this FA3
+            pass
     return require("flash_attn", "attention backend 'flash_attn'").flash_attn_func, "fa2"
 
 
@@ -103,7 +128,7 @@ def _flash_attn(q, k, v, attn_mask, scale):
         )
     if attn_mask is not None:
         raise AttentionBackendError("flash_attn does not take an attention mask; use backend='sdpa'")
-    fn, version = _flash_attn_fn()
+    fn, version = _flash_attn_fn(q.shape[-1], q.dtype)
     out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale)
     if version == "fa3" and isinstance(out, tuple):  # FA3 also returns the log-sum-exp
         out = out[0]

@@ -1,0 +1,202 @@
+"""CPU engines side by side: eager fp32, torch.compile, ONNX Runtime, plain OpenVINO and fastdiff's OpenVINO.
+
+Run through ``benchmarks/engines.py --suite cpu`` (same arguments). Each invocation times its rows
+and eager fp32 round-robin in one process (ratios are within a process), measures every row's SNR
+against eager PyTorch fp32 on held-back calibration records, and records build time and peak
+resident memory while the row was built and run (sampled from /proc/self/status every 50 ms).
+Rows are appended to one results file (``--name``), so a model too slow for one 15-minute slot
+is measured over several invocations; calibration records are recorded once into
+``--workdir/records`` (streamed to disk) and reused.
+
+    flock /tmp/fastdiff-heavy.lock python benchmarks/engines.py --suite cpu --model sd15-full \\
+        --rows eager,ort-fp32,ov-plain-fp32,ov-plain-default,ov-fp32 --name engines-cpu-sd15-256
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from fastdiff.engines import CalibrationData, calibrate, compile_engine
+from fastdiff.engines.compile import measure_quality
+from fastdiff.engines.cpu import cpu_model, engine_flags
+
+ROWS = (
+    "eager",
+    "compile",
+    "ort-fp32",
+    "ort-int8",
+    "ov-plain-fp32",
+    "ov-plain-default",
+    "ov-fp32",
+    "ov-bf16",
+    "ov-int8",
+    "ov-mixed",
+)
+
+
+class PeakRSS:
+    """Peak resident set size of this process while the block runs (bytes), sampled every 50 ms."""
+
+    def __enter__(self):
+        self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+        return False
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _records(pipe, args, work: Path, prompts) -> CalibrationData:
+    folder = work / "records"
+    if (folder / "meta.json").is_file():
+        return CalibrationData.load(folder)
+    return calibrate(
+        pipe,
+        prompts,
+        num_inference_steps=args.steps,
+        guidance_scale=args.guidance,
+        height=args.side,
+        width=args.side,
+        save_to=folder,
+    )
+
+
+def _plain_openvino(unet, record, hint: str | None):
+    """What a user gets from two lines of OpenVINO: convert from PyTorch, compile with defaults."""
+    import openvino as ov
+
+    from fastdiff.engines.export import FlatUNet
+    from fastdiff.unet_inputs import unet_signature
+
+    sig = unet_signature(unet)
+    flat = FlatUNet(unet, sig).eval()
+    example = tuple(record[n] for n in sig.input_names)
+    with torch.no_grad():
+        model = ov.convert_model(flat, example_input=example)
+    config = {"INFERENCE_PRECISION_HINT": hint} if hint else {}
+    compiled = ov.Core().compile_model(model, "CPU", config)
+    req = compiled.create_infer_request()
+
+    def run(r):
+        req.infer([r[n].numpy() for n in sig.input_names])
+        return torch.from_numpy(req.get_output_tensor(0).data.copy())
+
+    return run, compiled.get_property("INFERENCE_PRECISION_HINT")
+
+
+def run_rows(pipe, args, work: Path, prompts, round_robin) -> dict:
+    unet = pipe.unet
+    calib = _records(pipe, args, work, prompts)
+    fit, held = calib.split(4)
+    held = held.subset(args.quality_records)
+    record = held.records[len(held) // 2]
+    print(f"records: {len(calib)} ({len(fit)} calibrate, {len(held)} judge)", flush=True)
+
+    def eager(r):
+        with torch.no_grad():
+            return unet(**unet_kwargs(unet, r), return_dict=False)[0]
+
+    fns, rows = {"eager": lambda: eager(record)}, {}
+    for name in args.rows:
+        if name == "eager":
+            continue
+        print(f"building {name} ...", flush=True)
+        t0 = time.perf_counter()
+        with PeakRSS() as mem:
+            runner, info = _build(name, pipe, unet, fit, held, record, work, args)
+            build_s = time.perf_counter() - t0
+            runner(record)  # first call: static shapes compile here
+            quality = measure_quality(unet, runner, held)
+        rows[name] = {
+            "build_s": round(build_s, 1),
+            "peak_rss_gb": round(mem.peak / 2**30, 2),
+            "snr_db": round(quality["snr_db"], 2),
+            "snr_db_min": round(quality["snr_db_min"], 2),
+            **info,
+        }
+        fns[name] = (lambda rn: lambda: rn(record))(runner)
+        print(f"  {name}: {rows[name]}", flush=True)
+    with PeakRSS() as mem:
+        times = round_robin(fns, reps=args.reps, warmup=1)
+    rows["eager"] = {"build_s": 0.0, "peak_rss_gb": round(mem.peak / 2**30, 2), "snr_db": float("inf")}
+    for name, sec in times.items():
+        rows[name]["step_s"] = round(sec, 3)
+        rows[name]["vs_eager"] = round(times["eager"] / sec, 2)
+    return rows
+
+
+def unet_kwargs(unet, record):
+    from fastdiff.unet_inputs import unet_signature
+
+    return unet_signature(unet).from_flat(record)
+
+
+def _build(name, pipe, unet, fit, held, record, work: Path, args):
+    from fastdiff.engines import GateConfig, QuantConfig
+
+    level = {"level": args.ort_level} if name.startswith("ort") else {}
+    quant = QuantConfig(max_calibration_records=args.records, **level)
+    common = dict(cache_dir=work / "cache", install=False, gate=GateConfig(min_snr_db=None), quant=quant)
+    if name == "compile":
+        compiled = torch.compile(unet)
+
+        def run(r):
+            with torch.no_grad():
+                return compiled(**unet_kwargs(unet, r), return_dict=False)[0]
+
+        return run, {}
+    if name.startswith("ov-plain"):
+        run, hint = _plain_openvino(unet, record, "f32" if name.endswith("fp32") else None)
+        return run, {"hint": str(hint)}
+    backend, precision = name.split("-")
+    backend = {"ort": "onnxruntime", "ov": "openvino"}[backend]
+    calibration = fit if precision in ("int8", "mixed") else held
+    engine = compile_engine(
+        unet,
+        backend=backend,
+        precision=precision,
+        calibration=calibration,
+        quality_inputs=held,
+        **common,
+    )
+    info = {"cache_hit": engine.cache_hit}
+    if "high_precision_layers" in engine.build_info:
+        info["high_precision_layers"] = len(engine.build_info["high_precision_layers"])
+        info["int8_layers"] = engine.build_info["int8_layers"]
+        sens = engine.build_info.get("sensitivity") or []
+        info["float_groups"] = [s["group"] for s in sens if s["snr_db"] < 30.0]
+    return engine.runner, info
+
+
+def header() -> dict:
+    return {"cpu": cpu_model(), "cpu_engine_flags": engine_flags()}
+
+
+def merge_into(path: Path, meta: dict, rows: dict) -> dict:
+    """Append this invocation's rows (and its meta) to the results JSON at ``path``."""
+    data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
+    data["runs"].append({"meta": meta, "rows": rows})
+    path.write_text(json.dumps(data, indent=1, default=str))
+    return data

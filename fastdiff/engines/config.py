@@ -1,0 +1,70 @@
+"""Settings of :func:`compile_engine`, grouped by the stage they steer (defaults are the recommended ones)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from .quantization import DEFAULT_EXCLUDE
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """int8 / mixed builds: what is quantised and how activation ranges are calibrated.
+
+    level, method, exclude, percentile: see :func:`fastdiff.engines.quantize` (ONNX Runtime and
+    TensorRT; OpenVINO uses ``exclude`` as its ignored scope). max_calibration_records: records
+    spread over the timesteps that calibrate. holdout_every: every n-th record is held back to judge
+    quality. smooth_quant: OpenVINO, SmoothQuant on MatMuls (NNCF, alpha 0.95). min_group_snr_db:
+    OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision.
+    """
+
+    level: str = "conv+ffn+qkv"
+    method: str = "percentile"
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    percentile: float = 99.999
+    max_calibration_records: int | None = 64
+    holdout_every: int = 4
+    smooth_quant: bool = True
+    min_group_snr_db: float = 30.0
+
+    def __post_init__(self):
+        if isinstance(self.exclude, str):
+            object.__setattr__(self, "exclude", (self.exclude,))
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+
+@dataclasses.dataclass(frozen=True)
+class GateConfig:
+    """Quality gate against the PyTorch U-Net; ``None`` disables a criterion, ``force`` installs anyway."""
+
+    min_snr_db: float | None = 20.0
+    min_cosine: float | None = None
+    force: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """ONNX export (see :func:`fastdiff.engines.export_onnx`). sequence_length None: from the
+    calibration records, else the tokenizer's ``model_max_length``, else 77."""
+
+    opset: int = 17
+    dynamic: tuple[str, ...] = ("batch", "height", "width")
+    sample_shape: Sequence[int] | None = None
+    sequence_length: int | None = None
+
+    def __post_init__(self):
+        dyn = (self.dynamic,) if isinstance(self.dynamic, str) else tuple(self.dynamic)
+        object.__setattr__(self, "dynamic", dyn)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """How the engine runs. threads: CPU intra-op threads (default all). static: OpenVINO compiles
+    per input shape instead of once with dynamic axes. trt_batch, trt_image_px: TensorRT profile
+    (prompts, pixels) as (min, opt, max)."""
+
+    threads: int | None = None
+    static: bool = True
+    trt_batch: tuple[int, int, int] = (1, 1, 8)
+    trt_image_px: tuple[int, int, int] = (256, 512, 1024)

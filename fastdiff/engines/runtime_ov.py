@@ -1,0 +1,219 @@
+"""OpenVINO: convert the exported U-Net, quantise it with NNCF on recorded inputs, run it on the CPU.
+
+Precisions (``compile_engine(..., backend="openvino", precision=...)``):
+
+* ``fp32``: the converted graph, f32 inference hint.
+* ``bf16``: the same graph with the bf16 inference hint. Native only with AVX512-BF16 or AMX;
+  elsewhere OpenVINO emulates it, which is slower than fp32 (``"auto"`` never picks it there).
+* ``int8``: NNCF post-training quantisation fed with fastdiff's calibration records (not random
+  inputs); the recipe's float islands (time embedding, conv_in, conv_out) stay float.
+* ``mixed``: ``int8`` plus every layer group whose int8 SNR, measured alone on held-back records
+  (:func:`group_sensitivity`), is below a threshold, kept in high precision. Unquantised layers run
+  at the inference hint: bf16 where the CPU has it, fp32 elsewhere.
+
+NNCF collects *reduced* statistics (min/max per channel, per record) instead of keeping
+activations, and reads the records through an iterator, so calibration memory does not grow
+with the number of records when the records themselves stream from disk
+(:meth:`CalibrationData.load` with ``lazy=True``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .._compat import MissingDependencyError, is_available
+
+ARTIFACT = "engine.xml"
+HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32", "mixed": None}
+
+
+def require_openvino(feature: str = "OpenVINO engines", nncf: bool = False):
+    """Import openvino (and nncf), or raise naming the pip extra that provides them."""
+    missing = [m for m in ("openvino", "nncf" if nncf else None) if m and not is_available(m)]
+    if missing:
+        raise MissingDependencyError(
+            f"{feature} need the {' and '.join(repr(m) for m in missing)} package(s), which are not "
+            "installed. Install them with: pip install 'fastdiff[openvino]'"
+        )
+    import openvino
+
+    return openvino
+
+
+def openvino_has_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin runs bf16 natively here (it reports BF16 only with AVX512-BF16/AMX)."""
+    ov = require_openvino()
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def default_hint() -> str:
+    """Inference precision for unquantised layers: bf16 where native, else f32."""
+    return "bf16" if openvino_has_bf16() else "f32"
+
+
+def convert(onnx_path: str | os.PathLike):
+    """``openvino.Model`` from an exported ONNX file (its external data is read alongside)."""
+    ov = require_openvino()
+    return ov.convert_model(str(onnx_path))
+
+
+def save(model, path: Path) -> Path:
+    """Write ``engine.xml`` + ``engine.bin`` (weights kept f32: the hint decides compute precision)."""
+    ov = require_openvino()
+    ov.save_model(model, str(path), compress_to_fp16=False)
+    return path
+
+
+def _transform(input_names: Sequence[str]):
+    def fn(record: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        return {
+            n: np.ascontiguousarray(record[n].detach().to("cpu", torch.float32).numpy()) for n in input_names
+        }
+
+    return fn
+
+
+def quantize(
+    model,
+    calibration: Iterable[Mapping[str, torch.Tensor]],
+    *,
+    num_records: int,
+    exclude: Iterable[str] = (),
+    smooth_quant: bool = True,
+    fast_bias_correction: bool = True,
+    progress: bool = False,
+):
+    """NNCF int8 post-training quantisation of an ``openvino.Model`` on recorded U-Net inputs.
+
+    Args:
+        model: the converted float model.
+        calibration: records (dicts of flat input tensors); iterated once per statistics pass.
+        num_records: how many records NNCF reads (``subset_size``).
+        exclude: node-name regexes kept in float (NNCF ``IgnoredScope`` patterns).
+        smooth_quant: SmoothQuant (Xiao et al. 2023, eq. 4: per-channel s_j = max|X_j|^α / max|W_j|^(1-α))
+            on MatMuls with NNCF's transformer alpha; ``False`` disables it.
+        progress: NNCF's own progress bars.
+    """
+    require_openvino("OpenVINO int8 quantisation", nncf=True)
+    import nncf
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+    )
+
+    input_names = [p.get_friendly_name() for p in model.get_parameters()]
+    dataset = nncf.Dataset(calibration, _transform(input_names))
+    # fastdiff's exclusions are re.search regexes; NNCF anchors its patterns (re.match), so resolve
+    # them to exact node names here.
+    patterns = [re.compile(p) for p in exclude]
+    ignored = [
+        op.get_friendly_name()
+        for op in model.get_ops()
+        if any(p.search(op.get_friendly_name()) for p in patterns)
+    ]
+    advanced = AdvancedQuantizationParameters(
+        smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if smooth_quant else -1),
+        disable_bias_correction=False,
+    )
+    if not progress:
+        nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
+    return nncf.quantize(
+        model,
+        dataset,
+        subset_size=int(num_records),
+        model_type=nncf.ModelType.TRANSFORMER,
+        ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
+        fast_bias_correction=fast_bias_correction,
+        advanced_parameters=advanced,
+    )
+
+
+def quantised_layers(model) -> set[str]:
+    """Friendly names of Convolution/MatMul ops whose weight input comes through a FakeQuantize (int8)."""
+    out = set()
+    for op in model.get_ops():
+        if op.get_type_name() not in ("Convolution", "MatMul", "GroupConvolution"):
+            continue
+        src = op.input_value(1).get_node()
+        # The weight path is Constant -> (Convert) -> FakeQuantize/ (u)int8 Constant -> Convert -> Subtract -> Multiply.
+        seen, frontier = 0, [src]
+        while frontier and seen < 6:
+            node = frontier.pop()
+            seen += 1
+            kind = node.get_type_name()
+            if kind == "FakeQuantize":
+                out.add(op.get_friendly_name())
+                break
+            if kind == "Constant" and str(node.get_element_type()) in ("i8", "u8", "<Type: 'int8_t'>"):
+                out.add(op.get_friendly_name())
+                break
+            frontier.extend(v.get_node() for v in node.input_values())
+    return out
+
+
+class OvRunner:
+    """Runs the flat-signature OpenVINO U-Net on the CPU; takes and returns torch tensors.
+
+    With ``static=True`` the model is reshaped to each new input shape and compiled for it (a
+    handful of shapes per pipeline; each compiled model is kept), which lets the CPU plugin pick
+    shape-specific kernels. ``static=False`` compiles once with the exported dynamic axes.
+    """
+
+    backend = "openvino"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        hint: str = "f32",
+        static: bool = True,
+        threads: int | None = None,
+        blob_cache: str | os.PathLike | None = None,
+    ):
+        ov = require_openvino()
+        if hint not in ("f32", "bf16"):
+            raise ValueError(f"hint must be 'f32' or 'bf16', got {hint!r}")
+        self.path = Path(model_path)
+        self.hint = hint
+        self.static = bool(static)
+        self.core = ov.Core()
+        if blob_cache is not None:
+            self.core.set_property({"CACHE_DIR": str(blob_cache)})
+        self.config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
+        if threads:
+            self.config["INFERENCE_NUM_THREADS"] = int(threads)
+        self.model = self.core.read_model(str(self.path))
+        self.input_names = tuple(p.get_friendly_name() for p in self.model.get_parameters())
+        self._compiled: dict[tuple, object] = {}
+
+    def _request(self, feed: dict[str, np.ndarray]):
+        key = tuple(feed[n].shape for n in self.input_names) if self.static else ()
+        req = self._compiled.get(key)
+        if req is None:
+            model = self.model
+            if self.static:
+                model = self.model.clone()
+                model.reshape({n: list(feed[n].shape) for n in self.input_names})
+            req = self.core.compile_model(model, "CPU", self.config).create_infer_request()
+            self._compiled[key] = req
+        return req
+
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise ValueError(
+                f"engine inputs {missing} are missing; the engine takes {list(self.input_names)}"
+            )
+        feed = {
+            n: np.ascontiguousarray(inputs[n].detach().to("cpu", torch.float32).numpy())
+            for n in self.input_names
+        }
+        req = self._request(feed)
+        req.infer(feed)
+        return torch.from_numpy(np.array(req.get_output_tensor(0).data, copy=True))
