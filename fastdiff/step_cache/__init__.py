@@ -1,0 +1,20 @@
+"""Step caching for diffusers U-Nets: reuse deep features across denoising steps.
+
+``handle = fastdiff.step_cache(pipe, mode="uniform", interval=3, branch=0)`` (or ``"schedule"``,
+``"adaptive"``, ``"off"``; ``gate_step=`` adds cross-attention gating). ``fastdiff.restore(pipe)`` removes it.
+See :mod:`fastdiff.step_cache.cache` for the design and :mod:`.policy` for the measured refresh schedule.
+"""
+
+from fastdiff.step_cache.cache import MODES, StepCache, StepCacheStats, step_cache
+from fastdiff.step_cache.policy import DriftProfile, plan_refresh
+from fastdiff.step_cache.profile import drift_profile
+
+__all__ = [
+    "MODES",
+    "DriftProfile",
+    "StepCache",
+    "StepCacheStats",
+    "drift_profile",
+    "plan_refresh",
+    "step_cache",
+]
