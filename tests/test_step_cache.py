@@ -289,6 +289,38 @@ def test_gated_cross_attention_replays_the_gate_step(unet):
     assert not torch.equal(got, _plain(unet, inp, TS[1], x1))  # gating really changed the output
 
 
+def test_gate_uncond_runs_the_conditional_half_with_mean_cross_attention(unet):
+    inp = _inputs(unet, batch=1)
+    ctx = torch.cat([inp["encoder_hidden_states"] * 0.3, inp["encoder_hidden_states"]])  # [uncond; cond]
+    x0 = torch.cat([inp["sample"]] * 2)
+    x1 = x0 * 0.5
+    attn2 = [m.attn2 for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
+    kept = {}
+    hooks = [
+        a.register_forward_hook(lambda m, a_, out: kept.__setitem__(m, (out[:1] + out[1:]) / 2))
+        for a in attn2
+    ]
+    with torch.no_grad():
+        unet(x0, TS[0], encoder_hidden_states=ctx)
+    for h in hooks:
+        h.remove()
+    hooks = [a.register_forward_hook(lambda m, a_, out: kept[m]) for a in attn2]
+    with torch.no_grad():
+        ref = unet(x1[1:], TS[1], encoder_hidden_states=ctx[1:]).sample
+    for h in hooks:
+        h.remove()
+
+    handle = step_cache(unet, mode="off", gate_step=0, gate_uncond=True)
+    handle.set_schedule(TS)
+    with torch.no_grad():
+        unet(x0, TS[0], encoder_hidden_states=ctx)
+        got = unet(x1, TS[1], encoder_hidden_states=ctx).sample
+        unequal = unet(torch.cat([x1[:1], x1[:1] * 2]), TS[2], encoder_hidden_states=ctx).sample
+    assert handle.stats.halved_calls == 1 and got.shape[0] == 2
+    assert torch.equal(got[0], got[1]) and torch.equal(got[1:], ref)
+    assert unequal.shape[0] == 2 and handle.stats.forced_refreshes == 0  # not a pair: not halved
+
+
 def _plain(unet, inp, t, x):
     handle = unet.__dict__["_fastdiff_step_cache"]
     handle.enabled = False
@@ -311,6 +343,7 @@ def _plain(unet, inp, t, x):
         (dict(refresh=[0, 2]), "only used with mode='schedule'"),
         (dict(mode="adaptive", threshold=-1.0), "threshold must be a finite number > 0"),
         (dict(gate_step=1.5), "gate_step must be None or an int"),
+        (dict(gate_uncond=True), "gate_uncond must be a bool and needs gate_step"),
     ],
 )
 def test_bad_arguments_name_the_argument(unet, kwargs, match):

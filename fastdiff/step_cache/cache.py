@@ -28,7 +28,9 @@ Design (and why):
   accumulates it since the last refresh and refreshes when the sum reaches ``threshold`` (or after
   ``max_skip`` cached steps); ``"off"`` runs everything (bit-identical to no cache) and records drift for
   planning. ``gate_step`` adds cross-attention gating on top of any mode: after that step every
-  cross-attention returns its output from the gate step. The first and last steps always run in full.
+  cross-attention returns its output from the gate step; with ``gate_uncond=True`` a guidance pair
+  ``[x; x]`` then runs once, on the conditional half with the halves' mean cross-attention (T-GATE's
+  second saving, which also ends guidance). The first and last steps always run in full.
 * **torch.compile.** The per-call decision is Python state set in the pre-hook before any unit runs, so
   each path (full, cached) is a graph without breaks; reading the timestep is the one data-dependent
   step (see ``benchmarks/results/step_cache.md`` for ``torch._dynamo.explain`` counts).
@@ -64,6 +66,7 @@ class StepCacheStats:
     cached_calls: int = 0
     gated_calls: int = 0  # calls in which cross-attention outputs were replayed
     forced_refreshes: int = 0  # calls run in full because the batch did not match the cache
+    halved_calls: int = 0  # gated guidance pairs run as the conditional half only (gate_uncond)
     trace: list[dict] = field(default_factory=list)  # per step of the current/last run
     notes: list[str] = field(default_factory=list)
 
@@ -78,6 +81,7 @@ class StepCacheStats:
         out.update(
             gated_calls=self.gated_calls,
             forced_refreshes=self.forced_refreshes,
+            halved_calls=self.halved_calls,
             skipped_fraction=round(self.skipped_fraction, 4),
             trace=list(self.trace),
             notes=list(self.notes),
@@ -94,6 +98,15 @@ def _batch_of(tree) -> int | None:
             if n is not None:
                 return n
     return None
+
+
+def _mean_halves(tree):
+    if isinstance(tree, torch.Tensor):
+        half = tree.shape[0] // 2
+        return (tree[:half] + tree[half:]) / 2
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_mean_halves(x) for x in tree)
+    raise TypeError(f"step_cache: cannot average a cached {type(tree).__name__}")
 
 
 def _take_rows(tree, index: torch.Tensor):
@@ -130,6 +143,7 @@ class StepCache:
         threshold: float = 0.1,
         max_skip: int | None = None,
         gate_step: int | None = None,
+        gate_uncond: bool = False,
     ) -> StepCache:
         """Change the policy in place (no re-enable needed); clears cached features."""
         if mode not in MODES:
@@ -156,10 +170,13 @@ class StepCache:
             not isinstance(gate_step, int) or isinstance(gate_step, bool) or gate_step < 0
         ):
             raise ValueError(f"gate_step must be None or an int >= 0 (run-relative step), got {gate_step!r}")
+        if not isinstance(gate_uncond, bool) or (gate_uncond and gate_step is None):
+            raise ValueError(f"gate_uncond must be a bool and needs gate_step, got {gate_uncond!r}")
         if gate_step is not None and not self._xattn:
             raise ValueError("gate_step was given but this U-Net has no cross-attention to gate")
         self.mode, self.interval, self.branch = mode, interval, branch
         self.refresh, self.threshold, self.gate_step = refresh, float(threshold), gate_step
+        self.gate_uncond = gate_uncond
         self.max_skip = max_skip if max_skip is not None else (4 if mode == "adaptive" else None)
         self._replayed = {id(u.module) for u in self._layout.replayed(branch)}
         self._entry = id(self._layout.entry(branch).module)
@@ -235,6 +252,7 @@ class StepCache:
         self._step_full: bool | None = None
         self._call = "full"  # "full", "cached" or "probe" (adaptive: decided at the probe)
         self._gating = False
+        self._halved = False
         self._signal = float("nan")
         self._accum_step = False
         self._calls_per_step: int | None = None  # learnt from the run's first step
@@ -341,6 +359,18 @@ class StepCache:
             self._slot_batch.append(None)
             self._probe_prev.append(None)
         batch = sample.shape[0]
+        self._gating = (
+            self.enabled
+            and self.gate_step is not None
+            and self._step > self.gate_step
+            and not (self.run_length is not None and self._step >= self.run_length - 1)
+            and self._slot_batch[self._slot] in (batch, batch // 2)
+        )
+        self._halved = False
+        if self._gating and self.gate_uncond and self._is_guidance_pair(sample, t):
+            args, kwargs = self._halve(args, kwargs, batch)
+            batch //= 2
+        self._gating = self._gating and self._slot_batch[self._slot] == batch
         matches = self._slot_batch[self._slot] == batch
         if self._step_full is True:
             self._call = "full"
@@ -349,22 +379,51 @@ class StepCache:
             self.stats.forced_refreshes += 1
         else:
             self._call = "cached" if self._step_full is False else "probe"
-        self._gating = (
-            self.enabled
-            and self.gate_step is not None
-            and self._step > self.gate_step
-            and not (self.run_length is not None and self._step >= self.run_length - 1)
-            and matches
-        )
         self._slot_batch[self._slot] = batch
         self.stats.unet_calls += 1
-        if self._gating:
-            self.stats.gated_calls += 1
-        return None
+        self.stats.gated_calls += self._gating
+        self.stats.halved_calls += self._halved
+        return (args, kwargs) if self._halved else None
+
+    @staticmethod
+    def _is_guidance_pair(sample: torch.Tensor, t) -> bool:
+        """A classifier-free guidance batch: the latents are the same rows twice, ``[x; x]``."""
+        b = sample.shape[0]
+        if b % 2:
+            return False
+        t = torch.as_tensor(t)
+        same_t = t.dim() == 0 or t.numel() == 1 or torch.equal(t[: b // 2], t[b // 2 :])
+        return bool(same_t) and torch.equal(sample[: b // 2], sample[b // 2 :])
+
+    def _halve(self, args, kwargs, batch: int):
+        """Run only the conditional half (T-GATE, Zhang et al. 2024, Sec. 4: after the gate the two halves differ
+        only through cross-attention, which is now the halves' mean), and keep the cache's rows in step."""
+        half = batch // 2
+        cond = torch.arange(half, batch)
+
+        def take(x):
+            if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch:
+                return x[half:]
+            if isinstance(x, dict):
+                return {k: take(v) for k, v in x.items()}
+            return x
+
+        slot = self._slot
+        if self._slot_batch[slot] == batch:  # first halved call: cached rows follow the conditional half
+            store = self._slots[slot]
+            for k in list(store):
+                store[k] = _take_rows(store[k], cond)
+            gate = self._gate[slot]
+            for k in list(gate):
+                gate[k] = _mean_halves(gate[k])
+            if self._probe_prev[slot] is not None:
+                self._probe_prev[slot] = _take_rows(self._probe_prev[slot], cond)
+            self._slot_batch[slot] = half
+        self._halved = True
+        return tuple(take(a) for a in args), {k: take(v) for k, v in kwargs.items()}
 
     def _post_hook(self, module, args, kwargs, output):
-        # a probe call that found the change small replayed the deep part: count it as cached
-        full = self._call == "full"
+        full = self._call == "full"  # a probe call that replayed the deep part counts as cached
         self.stats.full_calls += full
         self.stats.cached_calls += not full
         if self._slot == 0:
@@ -378,7 +437,11 @@ class StepCache:
             self.stats.full_steps += full
             self.stats.cached_steps += not full
             self._since_full = 0 if full else self._since_full + 1
-        return None
+        if not self._halved:
+            return None
+        if isinstance(output, tuple):  # both halves of the guidance pair get the one prediction
+            return (torch.cat([output[0], output[0]]), *output[1:])
+        return type(output)(sample=torch.cat([output.sample, output.sample]))
 
     def _wrap(self, module: nn.Module, fn) -> None:
         self._originals.append((module, module.__dict__.get("forward")))
@@ -499,7 +562,8 @@ def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
         mode: ``"uniform"``, ``"schedule"``, ``"adaptive"`` or ``"off"`` (see the module docstring).
         **options: ``interval`` (3), ``branch`` (0 = shallowest), ``refresh`` (schedule mode: steps or a
             :class:`DriftProfile`), ``threshold`` (adaptive, 0.1), ``max_skip`` (adaptive, 4),
-            ``gate_step`` (cross-attention gating from this run-relative step on).
+            ``gate_step`` (cross-attention gating from this run-relative step on), ``gate_uncond``
+            (after the gate, run a guidance pair's conditional half only).
 
     Returns:
         A :class:`StepCache`; ``handle.stats`` counts full and cached steps. ``fastdiff.restore`` (or
