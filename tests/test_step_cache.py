@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastdiff import installed
-from fastdiff.step_cache import DriftProfile, plan_refresh, step_cache
+from fastdiff.step_cache import StepProfile, measure_profile, plan_refresh, step_cache
 from fastdiff.testing import tiny_pipeline, unet_probe_inputs
 
 TS = [901.0, 701.0, 501.0, 301.0, 101.0]
@@ -253,13 +253,36 @@ def test_adaptive_signal_is_the_probe_change_and_thresholds_decide(unet):
     assert all(r["full"] for r in handle.stats.trace)
 
 
-def test_planned_schedule_refreshes_where_drift_is_high():
-    drift = [0.0, 0.5, 0.4, 0.05, 0.05, 0.05, 0.05, 0.05, 0.3, 0.6]
-    prof = DriftProfile(tuple(i / 9 for i in range(10)), tuple(drift))
+def test_planned_schedule_minimises_staleness_cost():
+    weight = [0.0, 0.5, 0.4, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.0]
+    prof = StepProfile(tuple(i / 9 for i in range(10)), tuple(weight))
     full = plan_refresh(prof, 10, 4)
-    assert full[0] == 0 and full[-1] == 9 and len(full) <= 4
-    assert len([k for k in full if 3 <= k <= 7]) <= 1  # few refreshes where features barely move
+    assert full[0] == 0 and full[-1] == 9 and len(full) == 4
+    assert {1, 2} & set(full)  # refreshes go where replaying hurts
+    w = prof.at(10)
+
+    def cost(plan):  # independent brute force over every plan with the same budget
+        total = 0.0
+        for r, nxt in zip(plan, plan[1:]):
+            total += sum(w[k] * (k - r) for k in range(r + 1, nxt))
+        return total
+
+    import itertools
+
+    best = min(cost([0, *mid, 9]) for mid in itertools.combinations(range(1, 9), 2))
+    assert cost(full) == pytest.approx(best)
     assert plan_refresh(prof, 2, 1) == [0, 1]
+
+
+def test_measure_profile_times_each_step_replayed_alone(pipe):
+    ref = _run_pipe(pipe, steps=4, guidance_scale=3.0)
+    prof = measure_profile(
+        pipe, ["a red cat"], num_inference_steps=4, seed=0, guidance_scale=3.0, height=32, width=32
+    )
+    assert prof.source == "sensitivity" and len(prof.weight) == 4
+    assert prof.weight[0] == 0 and prof.weight[-1] == 0 and all(w > 0 for w in prof.weight[1:-1])
+    assert not installed.installations(pipe)
+    assert torch.equal(_run_pipe(pipe, steps=4, guidance_scale=3.0), ref)
 
 
 def test_gated_cross_attention_replays_the_gate_step(unet):

@@ -6,15 +6,16 @@ See :mod:`fastdiff.step_cache.cache` for the design and :mod:`.policy` for the m
 """
 
 from fastdiff.step_cache.cache import MODES, StepCache, StepCacheStats, step_cache
-from fastdiff.step_cache.policy import DriftProfile, plan_refresh
-from fastdiff.step_cache.profile import drift_profile
+from fastdiff.step_cache.policy import StepProfile, plan_refresh
+from fastdiff.step_cache.profile import drift_profile, measure_profile
 
 __all__ = [
     "MODES",
-    "DriftProfile",
+    "StepProfile",
     "StepCache",
     "StepCacheStats",
     "drift_profile",
+    "measure_profile",
     "plan_refresh",
     "step_cache",
 ]

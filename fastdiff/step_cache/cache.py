@@ -22,12 +22,11 @@ Design (and why):
   tensors the cache holds).
 * **Modes** (DeepCache, Ma et al. 2024; Block Caching, Wimbauer et al. 2024; FBCache/TeaCache; T-GATE,
   Zhang et al. 2024): ``"uniform"`` refreshes every ``interval`` steps; ``"schedule"`` refreshes at given
-  steps or at steps planned from a measured :class:`~.policy.DriftProfile` with the same number of full
-  steps as ``interval`` gives; ``"adaptive"`` always computes the producers down to the branch (at least
+  steps or at steps planned from a measured :class:`~.policy.StepProfile` (:func:`.measure_profile`)
+  with as many full steps as ``"uniform"`` spends at the same ``interval``; ``"adaptive"`` always computes the producers down to the branch (at least
   one real layer), measures the relative L1 change of the deepest one against the previous step,
   accumulates it since the last refresh and refreshes when the sum reaches ``threshold`` (or after
-  ``max_skip`` cached steps); ``"off"`` runs everything (bit-identical to no cache) and records drift for
-  planning. ``gate_step`` adds cross-attention gating on top of any mode: after that step every
+  ``max_skip`` cached steps); ``"off"`` runs everything (bit-identical to no cache) and records feature drift. ``gate_step`` adds cross-attention gating on top of any mode: after that step every
   cross-attention returns its output from the gate step; with ``gate_uncond=True`` a guidance pair
   ``[x; x]`` then runs once, on the conditional half with the halves' mean cross-attention (T-GATE's
   second saving, which also ends guidance). The first and last steps always run in full.
@@ -46,7 +45,7 @@ import torch
 from torch import nn
 
 from fastdiff import installed
-from fastdiff.step_cache.policy import DriftProfile, explicit_refresh, plan_refresh, uniform_full
+from fastdiff.step_cache.policy import StepProfile, explicit_refresh, plan_refresh, uniform_full
 from fastdiff.step_cache.units import cross_attentions, layout
 
 MODES = ("uniform", "schedule", "adaptive", "off")
@@ -139,7 +138,7 @@ class StepCache:
         mode: str = "uniform",
         interval: int = 3,
         branch: int = 0,
-        refresh: Sequence[int] | DriftProfile | None = None,
+        refresh: Sequence[int] | StepProfile | None = None,
         threshold: float = 0.1,
         max_skip: int | None = None,
         gate_step: int | None = None,
@@ -155,8 +154,8 @@ class StepCache:
             raise ValueError(f"branch must be an int in [0, {n_branches - 1}] for this U-Net, got {branch!r}")
         if mode == "schedule":
             if refresh is None:
-                raise ValueError("mode='schedule' needs refresh= (a list of steps or a DriftProfile)")
-            if not isinstance(refresh, DriftProfile):
+                raise ValueError("mode='schedule' needs refresh= (a list of steps or a StepProfile)")
+            if not isinstance(refresh, StepProfile):
                 refresh = sorted(explicit_refresh(refresh, None))
         elif refresh is not None:
             raise ValueError(f"refresh= is only used with mode='schedule', got mode={mode!r}")
@@ -301,12 +300,13 @@ class StepCache:
         if self.mode == "uniform":
             return uniform_full(k, self.interval)
         if self.mode == "schedule":
-            if isinstance(self.refresh, DriftProfile):
+            if isinstance(self.refresh, StepProfile):
                 if n is None:
                     self._note("schedule mode without a known run length: fell back to uniform")
                     return uniform_full(k, self.interval)
                 if getattr(self, "_plan_n", None) != n:
-                    self._plan = set(plan_refresh(self.refresh, n, math.ceil(n / self.interval)))
+                    budget = len(set(range(0, n, self.interval)) | {n - 1})  # what uniform spends
+                    self._plan = set(plan_refresh(self.refresh, n, budget))
                     self._plan_n = n
                 return k in self._plan
             return k in self.refresh
@@ -458,7 +458,7 @@ class StepCache:
             out = original(*args, **kwargs)
             if self._call == "full" and (key in self._replayed or key == self._entry):
                 if key == self._entry and self.mode == "off" and self._slot == 0 and key in store:
-                    self._record_drift(store[key], out)  # measuring for DriftProfile only: a host sync
+                    self._record_drift(store[key], out)  # measuring for StepProfile only: a host sync
                 if self.mode != "off" or key == self._entry:
                     store[key] = out
             if key == self._probe and self.mode == "adaptive":
@@ -561,7 +561,7 @@ def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
             last step is) or the U-Net itself (then call ``handle.set_schedule(timesteps)`` per run).
         mode: ``"uniform"``, ``"schedule"``, ``"adaptive"`` or ``"off"`` (see the module docstring).
         **options: ``interval`` (3), ``branch`` (0 = shallowest), ``refresh`` (schedule mode: steps or a
-            :class:`DriftProfile`), ``threshold`` (adaptive, 0.1), ``max_skip`` (adaptive, 4),
+            :class:`StepProfile`), ``threshold`` (adaptive, 0.1), ``max_skip`` (adaptive, 4),
             ``gate_step`` (cross-attention gating from this run-relative step on), ``gate_uncond``
             (after the gate, run a guidance pair's conditional half only).
 

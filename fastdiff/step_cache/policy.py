@@ -1,12 +1,18 @@
-"""Which steps refresh the cache: the uniform rule, and a schedule planned from measured feature drift.
+"""Which steps refresh the cache: the uniform rule, and a schedule planned from a measured step profile.
 
-Drift at step ``k`` is the relative change of the cached feature (the input of the branch's partner
-layer) between two consecutive full steps, ``d_k = ||f_k - f_{k-1}|| / ||f_k||``. Block Caching
-(Wimbauer et al., CVPR 2024, Sec. 4.1) and DeepCache's non-uniform variant (Ma et al. 2024, Sec. 3.3)
-both observe that this change is largest at the start and end of sampling; the planner below spends a
-fixed number of full steps so that the drift accumulated between refreshes is as even as possible
-(the smallest threshold ``τ`` such that greedily refreshing whenever the accumulated drift would exceed
-``τ`` needs no more than the budget).
+A :class:`StepProfile` gives each step a weight ``w_k``: how much replaying stale features at step ``k``
+costs. Two measurements fill it (:mod:`.profile`):
+
+* ``"sensitivity"`` (the default planner input): the relative change of the final latents when only step
+  ``k`` replays the features of step ``k-1``; it measures the harm directly, in the output.
+* ``"drift"``: the relative change of the cached feature between consecutive full steps,
+  ``||f_k - f_{k-1}|| / ||f_k||`` (Block Caching, Wimbauer et al., CVPR 2024, Sec. 4.1). It is largest at
+  the end of sampling, where stale features harm the image least, so it plans worse on fastdiff-tiny
+  (kept for comparison and for models where the two agree).
+
+Staleness grows with the distance to the last refresh, so a gap of cached steps after a refresh at ``r``
+costs ``sum_k w_k (k - r)``; :func:`plan_refresh` chooses the full steps (first and last included, a
+fixed budget) that minimise the total by dynamic programming.
 """
 
 from __future__ import annotations
@@ -19,26 +25,27 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class DriftProfile:
-    """Measured feature drift against sampling progress (0 = first step, 1 = last step)."""
+class StepProfile:
+    """Measured cost of replaying features per step, against sampling progress (0 = first, 1 = last step)."""
 
     progress: tuple[float, ...]
-    drift: tuple[float, ...]
+    weight: tuple[float, ...]
+    source: str = "sensitivity"  # or "drift"
     runs: int = 1
 
     def __post_init__(self):
-        if len(self.progress) != len(self.drift) or len(self.progress) < 2:
+        if len(self.progress) != len(self.weight) or len(self.progress) < 2:
             raise ValueError(
-                f"DriftProfile needs >= 2 (progress, drift) points of equal length, got "
-                f"{len(self.progress)} and {len(self.drift)}"
+                f"StepProfile needs >= 2 (progress, weight) points of equal length, got "
+                f"{len(self.progress)} and {len(self.weight)}"
             )
-        if any(not math.isfinite(d) or d < 0 for d in self.drift):
-            raise ValueError(f"DriftProfile drift values must be finite and >= 0, got {self.drift}")
+        if any(not math.isfinite(d) or d < 0 for d in self.weight):
+            raise ValueError(f"StepProfile weights must be finite and >= 0, got {self.weight}")
 
     def at(self, num_steps: int) -> np.ndarray:
-        """Drift per step for a run of ``num_steps`` (entry 0 is the first step and is 0)."""
+        """Weight per step for a run of ``num_steps`` (entry 0 is the first step, always full)."""
         p = np.linspace(0.0, 1.0, num_steps)
-        d = np.interp(p, np.asarray(self.progress), np.asarray(self.drift))
+        d = np.interp(p, np.asarray(self.progress), np.asarray(self.weight))
         d[0] = 0.0
         return d
 
@@ -48,35 +55,35 @@ def uniform_full(step: int, interval: int) -> bool:
     return step % interval == 0
 
 
-def _greedy(drift: np.ndarray, tau: float) -> list[int]:
-    full, acc = [0], 0.0
-    for k in range(1, len(drift)):
-        acc += drift[k]
-        if acc > tau:
-            full.append(k)
-            acc = 0.0
-    if full[-1] != len(drift) - 1:
-        full.append(len(drift) - 1)
-    return full
-
-
-def plan_refresh(profile: DriftProfile, num_steps: int, num_full: int) -> list[int]:
-    """Steps (0-based, run-relative) that run in full: first, last, and where drift accumulates."""
+def plan_refresh(profile: StepProfile, num_steps: int, num_full: int) -> list[int]:
+    """Full steps (0-based, run-relative; first and last included) minimising the summed staleness cost."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps!r}")
     if num_full < 1:
         raise ValueError(f"num_full must be >= 1, got {num_full!r}")
     if num_steps <= 2 or num_full >= num_steps:
         return list(range(num_steps))
-    drift = profile.at(num_steps)
-    lo, hi = 0.0, float(drift.sum()) + 1.0
-    for _ in range(60):  # bisection on tau: the fewest refreshes is monotone in tau
-        mid = 0.5 * (lo + hi)
-        if len(_greedy(drift, mid)) > max(num_full, 2):
-            lo = mid
-        else:
-            hi = mid
-    return _greedy(drift, hi)
+    n, m = num_steps, max(num_full, 2)
+    w = profile.at(n)
+    # gap[r, j]: cost of refreshing at r and next at j (steps r+1..j-1 replay r's features)
+    k = np.arange(n)
+    gap = np.zeros((n, n))
+    for r in range(n):
+        c = np.cumsum(w[r + 1 :] * (k[r + 1 :] - r))
+        gap[r, r + 2 :] = c[: n - r - 2]
+    best = np.full((m, n), np.inf)  # best[f, j]: cheapest plan whose (f+1)-th refresh is at j
+    prev = np.zeros((m, n), dtype=int)
+    best[0, 0] = 0.0
+    for f in range(1, m):
+        for j in range(1, n):
+            cand = best[f - 1, :j] + gap[:j, j]
+            r = int(np.argmin(cand))
+            best[f, j], prev[f, j] = cand[r], r
+    plan, j = [n - 1], n - 1
+    for f in range(m - 1, 0, -1):
+        j = prev[f, j]
+        plan.append(int(j))
+    return sorted(set(plan))
 
 
 def explicit_refresh(steps: Sequence[int], num_steps: int | None) -> set[int]:
