@@ -86,6 +86,18 @@ def test_off_and_disabled_are_bit_identical_to_the_original(pipe):
         installed.undo_all(pipe)
 
 
+def test_consecutive_pipeline_calls_do_not_share_state(pipe):
+    h = step_cache(pipe, mode="uniform", interval=3)
+    try:
+        first = _run_pipe(pipe)
+        trace = [dict(r) for r in h.stats.trace]
+        second = _run_pipe(pipe)
+        assert torch.equal(first, second) and h.stats.trace == trace and h.stats.runs == 2
+        assert [r["full"] for r in trace] == [True, False, False, True, False, False, True]  # PNDM: 7 steps
+    finally:
+        installed.undo_all(pipe)
+
+
 def test_undo_removes_every_wrapper_and_hook(pipe):
     ref = _run_pipe(pipe)
     step_cache(pipe, mode="uniform", interval=2, gate_step=1)
@@ -342,6 +354,9 @@ def test_gate_uncond_runs_the_conditional_half_with_mean_cross_attention(unet):
     assert handle.stats.halved_calls == 1 and got.shape[0] == 2
     assert torch.equal(got[0], got[1]) and torch.equal(got[1:], ref)
     assert unequal.shape[0] == 2 and handle.stats.forced_refreshes == 0  # not a pair: not halved
+    assert torch.equal(
+        unequal, _plain(unet, {"encoder_hidden_states": ctx}, TS[2], torch.cat([x1[:1], x1[:1] * 2]))
+    )
 
 
 def _plain(unet, inp, t, x):
