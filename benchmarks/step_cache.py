@@ -486,6 +486,13 @@ def compile_part() -> dict:
 
     explain("whole forward, full step (hooks inside)", ts[0])
     explain("whole forward, cached step (hooks inside)", ts[1])
+    h.reset()
+    h.set_schedule(ts)
+    h.begin_step(ts[0])
+    explain("whole forward, full step, loop calls begin_step(t)", ts[0])
+    h.begin_step(ts[1])
+    explain("whole forward, cached step, loop calls begin_step(t)", ts[1])
+    assert [r["full"] for r in h.stats.trace][-2:] == [True, False], h.stats.trace
 
     # The paths themselves, with the step decision taken outside the traced region.
     pre, post = h._hook

@@ -240,6 +240,21 @@ def test_split_guidance_calls_and_repeated_timesteps_are_found(unet):
     assert handle.stats.unet_calls == 8 and handle.stats.cached_calls == 2
 
 
+def test_begin_step_announces_steps_instead_of_reading_the_timestep(unet):
+    inp = _inputs(unet, batch=1)
+    handle = step_cache(unet, mode="uniform", interval=2)
+    ts = [901.0, 801.0, 801.0, 701.0]
+    handle.set_schedule(ts)
+    with torch.no_grad():
+        for t in ts:
+            handle.begin_step(t)
+            a = _call(unet, inp, t)
+            b = _call(unet, inp, t)  # a second call in the same step: its own slot
+            assert torch.equal(a, b)
+    assert [r["full"] for r in handle.stats.trace] == [True, False, True, True]
+    assert handle.stats.unet_calls == 8 and handle.stats.cached_calls == 2
+
+
 # --------------------------------------------------------------------------- adaptive, schedule, gate
 def test_adaptive_signal_is_the_probe_change_and_thresholds_decide(unet):
     inp = _inputs(unet)

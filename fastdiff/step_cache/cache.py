@@ -130,6 +130,8 @@ class StepCache:
         self.enabled = True
         self.mode = "off"
         self._schedule_override: list[float] | None = None
+        self._external: tuple[int, float] | None = None  # (count, t) of the step announced by begin_step
+        self._announced = 0
         self._clear_run()
 
     # ------------------------------------------------------------------ configuration
@@ -194,6 +196,15 @@ class StepCache:
         self._schedule_override = [float(t) for t in torch.as_tensor(timesteps).flatten().tolist()]
         self._clear_run()
 
+    def begin_step(self, t) -> None:
+        """Announce the next denoising step (timestep ``t``) from the sampling loop, before its U-Net calls.
+
+        Once used, the cache stops reading the timestep inside the U-Net call, which is the only graph
+        break ``torch.compile`` meets in a cached U-Net; announce every step from then on.
+        """
+        self._announced += 1
+        self._external = (self._announced, float(torch.as_tensor(t).flatten()[0]))
+
     def reset(self) -> None:
         """Forget cached features; the next call starts a new run."""
         self._clear_run()
@@ -238,6 +249,7 @@ class StepCache:
     # ------------------------------------------------------------------ run state
     def _clear_run(self) -> None:
         self._last_key: tuple | None = None
+        self._last_t: tuple | None = None
         self._step = -1  # run-relative index of the current step
         self._slot = -1
         self._run_ts: list[float] | None = None
@@ -329,28 +341,33 @@ class StepCache:
             raise NotImplementedError("step_cache does not support T2I-Adapter residuals")
         sample = args[0] if args else kwargs["sample"]
         t = args[1] if len(args) > 1 else kwargs["timestep"]
-        key = tuple(torch.as_tensor(t).detach().flatten().tolist())
-        # A repeated timestep is another call of the same step, unless every call slot of a step has been
-        # seen (PNDM evaluates its first timestep twice as two steps).
-        repeat = key == self._last_key and (
-            self._calls_per_step is None or self._slot + 1 < self._calls_per_step
-        )
+        if self._external is not None:  # announced by begin_step: nothing data-dependent in the traced call
+            key, tvals = self._external, (self._external[1],)
+            repeat = key == self._last_key
+        else:
+            tvals = tuple(torch.as_tensor(t).detach().flatten().tolist())
+            key = tvals
+            # A repeated timestep is another call of the same step, unless every call slot of a step has
+            # been seen (PNDM evaluates its first timestep twice as two steps).
+            repeat = key == self._last_key and (
+                self._calls_per_step is None or self._slot + 1 < self._calls_per_step
+            )
         if not repeat:
-            if self._last_key is not None and max(key) > max(self._last_key):
+            if self._last_t is not None and max(tvals) > max(self._last_t):
                 self._clear_run()  # a larger timestep: a new run
             if self._step == 0 and self._calls_per_step is None:
                 self._calls_per_step = self._slot + 1
             if self._step < 0:
                 self.stats.runs += 1
                 self.stats.trace = []
-            self._last_key = key
+            self._last_key, self._last_t = key, tvals
             self._step += 1
             self._slot = 0
             self._accum_step = False
-            self._locate(key)
+            self._locate(tvals)
             self._step_full = self._decide_full()
             self.stats.steps += 1
-            self.stats.trace.append({"step": self._step, "t": key[0], "full": self._step_full})
+            self.stats.trace.append({"step": self._step, "t": tvals[0], "full": self._step_full})
         else:
             self._slot += 1
         while len(self._slots) <= self._slot:
