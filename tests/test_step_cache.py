@@ -429,3 +429,43 @@ def test_misuse_is_refused(unet):
             mid_block_additional_residual=torch.zeros(1),
             **inp,
         )
+
+
+# --------------------------------------------------------------------------- architectures and img2img
+@pytest.mark.parametrize("arch", ["sd21", "sdxl"])
+def test_other_architectures_cache_and_restore(arch):
+    p = tiny_pipeline(arch, seed=1)
+    p.set_progress_bar_config(disable=True)
+    ref = _run_pipe(p, steps=5)
+    h = step_cache(p, mode="uniform", interval=3, gate_step=2, gate_uncond=True)
+    cached = _run_pipe(p, steps=5)
+    full = [r["full"] for r in h.stats.trace]
+    assert full[0] and full[-1] and not all(full) and not h.stats.notes
+    assert h.stats.halved_calls > 0 and not torch.equal(cached, ref)
+    installed.undo_all(p)
+    assert torch.equal(_run_pipe(p, steps=5), ref)
+
+
+def test_img2img_runs_start_mid_schedule(pipe):
+    from diffusers import StableDiffusionImg2ImgPipeline
+
+    i2i = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
+    i2i.set_progress_bar_config(disable=True)
+    image = torch.rand(1, 3, 32, 32)
+
+    def run():
+        g = torch.Generator().manual_seed(0)
+        return i2i(
+            "a red cat", image=image, strength=0.5, num_inference_steps=10, generator=g, output_type="pt"
+        ).images
+
+    ref = run()
+    h = step_cache(i2i, mode="uniform", interval=2)
+    try:
+        run()
+        trace = h.stats.trace
+        assert h.run_length == len(trace) and not h.stats.notes  # the shortened run was located
+        assert trace[0]["full"] and trace[-1]["full"] and not trace[1]["full"]
+    finally:
+        installed.undo_all(i2i)
+    assert torch.equal(run(), ref)
