@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
 
 from fastdiff import installed  # noqa: E402
-from fastdiff.step_cache import measure_profile, step_cache  # noqa: E402
+from fastdiff.caching import measure_profile, step_cache  # noqa: E402
 
 GUIDANCE = 5.0
 REF_STEPS = 100
@@ -536,6 +536,8 @@ def merge() -> None:
         "from one process. Per-image PSNR: mean and worst image.\n"
     )
     for name, part in parts.items():
+        if name == "goals":
+            continue
         md.append(f"## {name}\n")
         md.append(
             f"Run {part.get('date', '?')}, load before/after: {part.get('uptime_before')} / {part.get('uptime_after')}\n"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastdiff import installed
-from fastdiff.step_cache import StepProfile, measure_profile, plan_refresh, step_cache
+from fastdiff.caching import StepProfile, measure_profile, plan_refresh, step_cache
 from fastdiff.testing import tiny_pipeline, unet_probe_inputs
 
 TS = [901.0, 701.0, 501.0, 301.0, 101.0]

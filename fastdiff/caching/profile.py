@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fastdiff import installed
-from fastdiff.step_cache.policy import StepProfile
+from fastdiff.caching.policy import StepProfile
 
 
 def _latents(pipe, prompts, steps: int, seed: int, call_kwargs: dict) -> torch.Tensor:
@@ -36,7 +36,7 @@ def measure_profile(
         branch: the branch the profile is for (deeper branches replay less, so harm differs).
         call_kwargs: passed to every pipeline call (guidance_scale, height, ...).
     """
-    from fastdiff.step_cache.cache import step_cache
+    from fastdiff.caching.cache import step_cache
 
     n = num_inference_steps
     if not isinstance(n, int) or n < 3:

@@ -2,12 +2,12 @@
 
 ``handle = fastdiff.step_cache(pipe, mode="uniform", interval=3, branch=0)`` (or ``"schedule"``,
 ``"adaptive"``, ``"off"``; ``gate_step=`` adds cross-attention gating). ``fastdiff.restore(pipe)`` removes it.
-See :mod:`fastdiff.step_cache.cache` for the design and :mod:`.policy` for the measured refresh schedule.
+See :mod:`fastdiff.caching.cache` for the design and :mod:`.policy` for the measured refresh schedule.
 """
 
-from fastdiff.step_cache.cache import MODES, StepCache, StepCacheStats, step_cache
-from fastdiff.step_cache.policy import StepProfile, plan_refresh
-from fastdiff.step_cache.profile import drift_profile, measure_profile
+from fastdiff.caching.cache import MODES, StepCache, StepCacheStats, step_cache
+from fastdiff.caching.policy import StepProfile, plan_refresh
+from fastdiff.caching.profile import drift_profile, measure_profile
 
 __all__ = [
     "MODES",

@@ -45,8 +45,8 @@ import torch
 from torch import nn
 
 from fastdiff import installed
-from fastdiff.step_cache.policy import StepProfile, explicit_refresh, plan_refresh, uniform_full
-from fastdiff.step_cache.units import cross_attentions, layout
+from fastdiff.caching.policy import StepProfile, explicit_refresh, plan_refresh, uniform_full
+from fastdiff.caching.units import cross_attentions, layout
 
 MODES = ("uniform", "schedule", "adaptive", "off")
 _HANDLE_ATTR = "_fastdiff_step_cache"
