@@ -1,5 +1,8 @@
 """The step cache: replay deep U-Net features on cheap steps, refresh them on full steps.
 
+(One file above the usual size: the pre-hook, the unit wrappers, ``keep_rows`` and the gate share one
+per-call state machine, and splitting it would spread that state over modules.)
+
 Design (and why):
 
 * **Compose, don't copy.** The U-Net's own ``forward`` and its blocks' forwards run unchanged; the cache
