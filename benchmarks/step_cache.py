@@ -1,0 +1,606 @@
+#!/usr/bin/env python
+"""Step caching side by side with DeepCache and T-GATE: U-Net evaluations, U-Net time, fidelity.
+
+Parts (each one process, each under ~15 minutes; run them under the shared lock):
+
+* ``--part tiny --steps 50`` / ``--steps 20,10``: fastdiff-tiny, held-out prompts, guidance 5, diffusers'
+  ``DPMSolverMultistepScheduler`` (DPM-Solver++(2M)) for every method. Per image: PSNR against the uncached
+  run at the same step count and against a 100-step uncached reference; attribute accuracy
+  (:func:`fastdiff.metrics.score`). Full / cached U-Net evaluations are counted the same way for every
+  method: a call in which the mid block's first resnet ran is full, any other call is cached.
+* ``--part dynamic``: caching composed with fastdiff's step control (:func:`fastdiff.sample`, EarlyStop),
+  full U-Net evaluations per image against 50 fixed steps, worst-image PSNR against the 100-step reference.
+* ``--part sd15``: a full-size SD1.5-architecture U-Net with random weights (:mod:`fastdiff.testing`):
+  full and cached forward costs at 256² and 512² (guidance batch 2), interleaved in one process; the
+  per-image U-Net time at 50/20/10 steps is *derived* from them and the evaluation counts.
+* ``--part compile``: ``torch._dynamo.explain`` graph-break counts on a tiny U-Net, full and cached path.
+* ``--merge``: combine the parts into ``results/step_cache.{json,md}``.
+
+    flock /tmp/fastdiff-heavy.lock nice python benchmarks/step_cache.py --part tiny --steps 50
+    python benchmarks/step_cache.py --merge
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
+
+from fastdiff import installed  # noqa: E402
+from fastdiff.caching import measure_profile, step_cache  # noqa: E402
+
+GUIDANCE = 5.0
+REF_STEPS = 100
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "n/a"
+
+
+def _psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    mse = (a.double() - b.double()).square().flatten(1).mean(1)
+    return 10 * torch.log10(1.0 / mse.clamp_min(1e-20))
+
+
+class UNetMeter:
+    """U-Net calls, full/cached evaluations (did the mid block's first resnet run?) and U-Net wall time."""
+
+    def __init__(self, unet):
+        self.unet = unet
+        self.reset()
+        self._hooks = [
+            unet.register_forward_pre_hook(self._start),
+            unet.register_forward_hook(self._stop),
+            unet.mid_block.resnets[0].register_forward_hook(self._deep),
+        ]
+
+    def reset(self):
+        self.calls = self.full = self.rows = 0
+        self.seconds = 0.0
+
+    def _start(self, m, args):
+        self._t0 = time.perf_counter()
+        self._ran_deep = False
+
+    def _deep(self, m, a, out):
+        self._ran_deep = True
+
+    def _stop(self, m, args, out):
+        self.seconds += time.perf_counter() - self._t0
+        self.calls += 1
+        self.full += self._ran_deep
+        self.rows += args[0].shape[0] if args else 0
+
+    def remove(self):
+        for h in self._hooks:
+            h.remove()
+
+
+# ------------------------------------------------------------------------------------------------- tiny
+def _tiny_pipe():
+    from diffusers import DPMSolverMultistepScheduler
+
+    from fastdiff.tiny import load_pipeline
+
+    pipe = load_pipeline("base")
+    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
+    return pipe
+
+
+def _heldout(n: int):
+    from fastdiff.tiny import list_prompts
+
+    ps = list_prompts("heldout")
+    stride = max(1, len(ps) // n)
+    ps = ps[::stride][:n]
+    return [p for p, _ in ps], [a for _, a in ps]
+
+
+def _train_prompts(n: int):
+    from fastdiff.tiny.data import sample_attributes
+
+    return [a.prompt for a in sample_attributes(n, seed=11, split="train")]
+
+
+def _generate(pipe, prompts, steps, call=None, **kw):
+    gens = [torch.Generator().manual_seed(100 + i) for i in range(len(prompts))]
+    call = call or pipe
+    t0 = time.perf_counter()
+    out = call(
+        prompts, num_inference_steps=steps, guidance_scale=GUIDANCE, generator=gens, output_type="pt", **kw
+    )
+    return out.images.float(), time.perf_counter() - t0
+
+
+def _measure_profile(pipe, smoke: bool) -> tuple[object, float]:
+    """Sensitivity profile (10-step runs) and the adaptive signal summed over a 50-step run, on train prompts."""
+    prompts = _train_prompts(6)
+    prof = measure_profile(pipe, prompts, 5 if smoke else 10, guidance_scale=GUIDANCE, seed=500)
+    steps = 10 if smoke else 50
+    h = step_cache(pipe, mode="adaptive", threshold=1e9, max_skip=1)  # every other step full: records signals
+    _generate(pipe, prompts, steps)
+    signals = [r["signal"] for r in h.stats.trace if "signal" in r]
+    installed.undo_all(pipe)
+    signal_sum = sum(signals) * (steps - 1) / max(1, len(signals))
+    return prof, signal_sum
+
+
+def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
+    from DeepCache import DeepCacheSDHelper
+
+    from fastdiff.metrics import score
+
+    pipe = _tiny_pipe()
+    prompts, attrs = _heldout(n_prompts)
+    meter = UNetMeter(pipe.unet)
+    profile, signal_sum = _measure_profile(pipe, smoke)
+    ref, _ = _generate(pipe, prompts, 10 if smoke else REF_STEPS)
+    rows = []
+
+    def record(name, steps, images, e2e, base, extra=None):
+        p_unc, p_ref = _psnr(images, base), _psnr(images, ref)
+        acc = score(images.permute(0, 2, 3, 1).numpy(), attrs)
+        row = {
+            "testbed": "fastdiff-tiny",
+            "steps": steps,
+            "method": name,
+            "unet_calls": meter.calls,
+            "full_evals": meter.full,
+            "cached_evals": meter.calls - meter.full,
+            "unet_rows": meter.rows,
+            "unet_s": round(meter.seconds, 3),
+            "e2e_s": round(e2e, 3),
+            "psnr_vs_uncached_mean": None if base is images else round(float(p_unc.mean()), 2),
+            "psnr_vs_uncached_min": None if base is images else round(float(p_unc.min()), 2),
+            "psnr_vs_100_mean": round(float(p_ref.mean()), 2),
+            "psnr_vs_100_min": round(float(p_ref.min()), 2),
+            "attr_all": round(acc["all"], 3),
+            "load": os.getloadavg()[0],
+        }
+        row.update(extra or {})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for steps in step_counts:
+        meter.reset()
+        base, e2e = _generate(pipe, prompts, steps)
+        record("uncached", steps, base, e2e, base)
+        intervals = [2, 3, 5] if steps >= 20 else [2, 3]
+        gate = max(1, round(0.4 * steps))
+        configs = []
+        for i in intervals:
+            configs.append((f"fastdiff uniform i={i} b=0", dict(mode="uniform", interval=i, branch=0)))
+        for i in intervals:
+            configs.append(
+                (f"fastdiff schedule i={i} b=0", dict(mode="schedule", refresh=profile, interval=i))
+            )
+        for i in intervals[1:]:
+            m = math.ceil(steps / i)
+            configs.append((f"fastdiff adaptive ~i={i} b=0", dict(mode="adaptive", threshold=signal_sum / m)))
+        configs.append(
+            (f"fastdiff gate {gate} +uncond", dict(mode="off", gate_step=gate - 1, gate_uncond=True))
+        )
+        configs.append(
+            (
+                f"fastdiff schedule i=3 + gate {gate} +uncond",
+                dict(mode="schedule", refresh=profile, interval=3, gate_step=gate - 1, gate_uncond=True),
+            )
+        )
+        for name, opts in configs:
+            h = step_cache(pipe, **opts)
+            meter.reset()
+            images, e2e = _generate(pipe, prompts, steps)
+            record(name, steps, images, e2e, base, {"notes": "; ".join(h.stats.notes)})
+            installed.undo_all(pipe)
+
+        for i in intervals:
+            meter.reset()
+            try:
+                helper = DeepCacheSDHelper(pipe=pipe)
+                helper.set_params(cache_interval=i, cache_branch_id=0)
+                helper.enable()
+                try:
+                    images, e2e = _generate(pipe, prompts, steps)
+                finally:
+                    helper.disable()
+                record(f"DeepCache i={i} b=0", steps, images, e2e, base)
+            except Exception as e:  # a peer failing on this diffusers version is a result
+                rows.append(
+                    {
+                        "testbed": "fastdiff-tiny",
+                        "steps": steps,
+                        "method": f"DeepCache i={i}",
+                        "error": repr(e),
+                    }
+                )
+                traceback.print_exc()
+
+        meter.reset()
+        try:
+            from tgate import TgateSDLoader
+
+            tpipe = _tiny_pipe()  # T-GATE replaces attention forwards for good: its own pipeline copy
+            TgateSDLoader(tpipe)
+            tmeter = UNetMeter(tpipe.unet)
+            global_meter = meter
+            meter = tmeter
+            try:
+                images, e2e = _generate(
+                    tpipe,
+                    prompts,
+                    steps,
+                    call=tpipe.tgate,
+                    gate_step=gate,
+                    sp_interval=5,
+                    fi_interval=1,
+                    warm_up=2,
+                )
+                record(f"T-GATE gate {gate}", steps, images, e2e, base)
+            finally:
+                tmeter.remove()
+                meter = global_meter
+        except Exception as e:
+            rows.append({"testbed": "fastdiff-tiny", "steps": steps, "method": "T-GATE", "error": repr(e)})
+            traceback.print_exc()
+    meter.remove()
+    return {
+        "rows": rows,
+        "setup": (
+            f"fastdiff-tiny (shipped weights), {len(prompts)} held-out prompts (every "
+            f"{max(1, 72 // n_prompts)}th), one seed per prompt, guidance {GUIDANCE}, diffusers "
+            "DPMSolverMultistepScheduler (DPM-Solver++(2M)) from the model's scheduler config, one batch of "
+            "all prompts. Schedule rows: refresh steps planned from a sensitivity profile (measure_profile) on 6 "
+            "train-split prompts at 10 steps, with as many full steps as the uniform row of the same interval. "
+            "Adaptive threshold = the per-step signal summed over a 50-step run on the same train prompts / "
+            f"target full steps (signal sum {signal_sum:.3f}). Gate rows: fastdiff gate_step = T-GATE's gate - 1 "
+            "(both stop guidance from the same step)."
+        ),
+        "profile": {"progress": profile.progress, "weight": profile.weight, "source": profile.source},
+    }
+
+
+# ---------------------------------------------------------------------------------------------- dynamic
+def dynamic_part(n_prompts: int, smoke: bool) -> dict:
+    from diffusers import DPMSolverMultistepScheduler  # noqa: F401  (scheduler class of the pipe)
+
+    from fastdiff.dynamic import EarlyStop, sample
+    from fastdiff.metrics import score
+
+    pipe = _tiny_pipe()
+    prompts, attrs = _heldout(n_prompts)
+    profile, _ = _measure_profile(pipe, smoke)
+    cond, uncond = pipe.encode_prompt(prompts, "cpu", 1, True, [""] * len(prompts))
+    shape = (len(prompts), 4, pipe.unet.config.sample_size, pipe.unet.config.sample_size)
+    x_T = torch.cat(
+        [
+            torch.randn(shape[1:], generator=torch.Generator().manual_seed(100 + i))[None]
+            for i in range(len(prompts))
+        ]
+    )
+    meter = UNetMeter(pipe.unet)
+
+    def decode(lat):
+        with torch.no_grad():
+            img = pipe.vae.decode(lat / pipe.vae.config.scaling_factor).sample
+        return (img / 2 + 0.5).clamp(0, 1).float()
+
+    full_per_row = torch.zeros(len(prompts))
+
+    def run(steps, handle=None, controller=None):
+        prev = {"rows": None}
+        full_per_row.zero_()
+
+        def model_fn(x, t, rows):
+            if handle is not None and prev["rows"] is not None and len(rows) < len(prev["rows"]):
+                pos = torch.tensor([prev["rows"].tolist().index(r) for r in rows.tolist()])
+                handle.keep_rows(pos, num_rows=len(prev["rows"]))  # the wiring the loop hook will do
+            prev["rows"] = rows
+            ctx = torch.cat([uncond[rows], cond[rows]])
+            with torch.no_grad():
+                eps = pipe.unet(torch.cat([x, x]), t, encoder_hidden_states=ctx).sample
+            if meter._ran_deep:
+                full_per_row[rows] += 1
+            u, c = eps.chunk(2)
+            return u + GUIDANCE * (c - u)
+
+        if handle is not None:
+            sch = pipe.scheduler.__class__.from_config(pipe.scheduler.config)
+            sch.set_timesteps(steps)
+            handle.set_schedule(sch.timesteps)
+        meter.reset()
+        t0 = time.perf_counter()
+        res = sample(
+            model_fn, x_T.clone(), scheduler=pipe.scheduler, num_inference_steps=steps, controller=controller
+        )
+        return decode(res.latents), time.perf_counter() - t0, res
+
+    ref, _, _ = run(10 if smoke else REF_STEPS)
+    fixed50, _, _ = run(10 if smoke else 50)
+    rows = []
+    configs = [
+        ("fixed 50", 50, None, None),
+        ("fixed 30", 30, None, None),
+        ("fixed 20 + schedule i=2", 20, dict(mode="schedule", refresh=profile, interval=2), None),
+        ("fixed 30 + schedule i=2", 30, dict(mode="schedule", refresh=profile, interval=2), None),
+        ("fixed 50 + schedule i=4", 50, dict(mode="schedule", refresh=profile, interval=4), None),
+        ("early stop (30) + schedule i=2", 30, dict(mode="schedule", refresh=profile, interval=2), "es"),
+    ]
+    if smoke:
+        configs = [(n, min(s, 10), o, c) for n, s, o, c in configs[2:3] + configs[-1:]]
+    for name, steps, opts, ctl in configs:
+        h = step_cache(pipe.unet, **opts) if opts else None
+        controller = EarlyStop(rtol=0.05, patience=2, min_steps=5, max_sigma=1.0) if ctl else None
+        images, secs, res = run(steps, h, controller)
+        p_ref, p_50 = _psnr(images, ref), _psnr(images, fixed50)
+        acc = score(images.permute(0, 2, 3, 1).numpy(), attrs)
+        full_per_image = float(full_per_row.mean())
+        row = {
+            "testbed": "fastdiff-tiny + fastdiff.sample",
+            "method": name,
+            "unet_calls": meter.calls,
+            "full_evals": meter.full,
+            "cached_evals": meter.calls - meter.full,
+            "mean_steps_per_image": round(sum(res.steps_run) / len(prompts), 2),
+            "full_evals_per_image_mean": round(full_per_image, 2),
+            "full_evals_per_image_max": int(full_per_row.max()),
+            "fewer_full_evals_than_50": round(50 / full_per_image, 2),
+            "psnr_vs_100_mean": round(float(p_ref.mean()), 2),
+            "psnr_vs_100_min": round(float(p_ref.min()), 2),
+            "psnr_vs_50_mean": round(float(p_50.mean()), 2),
+            "attr_all": round(acc["all"], 3),
+            "e2e_s": round(secs, 2),
+            "notes": "; ".join(h.stats.notes) if h else "",
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if h is not None:
+            installed.undo_all(pipe.unet)
+    meter.remove()
+    return {
+        "rows": rows,
+        "setup": (
+            f"{len(prompts)} held-out prompts, fastdiff.sample with diffusers DPMSolverMultistepScheduler, guidance "
+            f"{GUIDANCE}; batched guidance in one U-Net call; rows that stop early leave the batch and the cache "
+            "keeps its features for the remaining rows through keep_rows. full_evals counts batched calls in "
+            "which the deep part ran (every active row is evaluated in such a call)."
+        ),
+    }
+
+
+# ------------------------------------------------------------------------------------------------- sd15
+def sd15_part(sizes: list[int], reps: int) -> dict:
+    from _common import time_fn
+    from DeepCache import DeepCacheSDHelper
+
+    from fastdiff.testing import tiny_pipeline
+
+    pipe = tiny_pipeline("sd15", size="full")
+    unet = pipe.unet
+    rows = []
+    for px in sizes:
+        lat = px // 8
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(2, 4, lat, lat, generator=gen)
+        ctx = torch.randn(2, 77, 768, generator=gen)
+        ts = [900.0 - k for k in range(reps + 2)]
+
+        @torch.no_grad()
+        def full(x=x, t=ts[0], ctx=ctx):
+            unet(x, t, encoder_hidden_states=ctx)
+
+        t_full = time_fn(full, warmup=1, reps=reps)
+        # fastdiff: one refresh, then `reps` cached calls (the interval never comes round again)
+        h = step_cache(unet, mode="uniform", interval=10**6, branch=0)
+        h.set_schedule(ts)
+        with torch.no_grad():
+            unet(x, ts[0], encoder_hidden_states=ctx)
+            t0 = time.perf_counter()
+            for k in range(1, reps + 1):
+                unet(x, ts[k], encoder_hidden_states=ctx)
+            t_cached = (time.perf_counter() - t0) / reps
+        assert h.stats.cached_calls == reps, h.stats.as_dict()
+        installed.undo_all(unet)
+
+        # DeepCache: its helper keyed on pipe.scheduler.timesteps
+        dc_cached, dc_err = None, ""
+        try:
+            pipe.scheduler.timesteps = torch.tensor(ts[: reps + 1])
+            helper = DeepCacheSDHelper(pipe=pipe)
+            helper.set_params(cache_interval=10**6, cache_branch_id=0)
+            helper.enable()
+            with torch.no_grad():
+                unet(x, torch.tensor(ts[0]), encoder_hidden_states=ctx)
+                t0 = time.perf_counter()
+                for k in range(1, reps + 1):
+                    unet(x, torch.tensor(ts[k]), encoder_hidden_states=ctx)
+                dc_cached = (time.perf_counter() - t0) / reps
+            helper.disable()
+        except Exception as e:
+            dc_err = repr(e)
+            traceback.print_exc()
+        row = {
+            "testbed": "SD1.5 U-Net, random weights",
+            "px": px,
+            "batch": 2,
+            "full_forward_s": round(t_full, 3),
+            "fastdiff_cached_forward_s": round(t_cached, 3),
+            "deepcache_cached_forward_s": None if dc_cached is None else round(dc_cached, 3),
+            "cached_over_full": round(t_cached / t_full, 3),
+            "deepcache_error": dc_err,
+            "load": os.getloadavg()[0],
+        }
+        for steps in (50, 20, 10):
+            for i in (2, 3, 5):
+                n_full = math.ceil(steps / i) + (1 if (steps - 1) % i else 0)
+                row[f"derived_unet_s_{steps}_i{i}"] = round(n_full * t_full + (steps - n_full) * t_cached, 1)
+            row[f"derived_unet_s_{steps}_uncached"] = round(steps * t_full, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {
+        "rows": rows,
+        "setup": (
+            "tiny_pipeline('sd15', size='full'): the published SD1.5 U-Net configuration with random weights, "
+            "fp32, eager, batch 2 (one guidance pair), 77-token context. Full and cached forward costs measured "
+            "in one process; the per-image U-Net seconds at 50/20/10 steps are DERIVED from them: n_full * full "
+            "+ n_cached * cached, with fastdiff's uniform rule (first and last step full)."
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- compile
+def compile_part() -> dict:
+    from fastdiff.testing import tiny_pipeline, unet_probe_inputs
+
+    unet = tiny_pipeline("sd15").unet
+    inp = unet_probe_inputs(unet)
+    h = step_cache(unet, mode="uniform", interval=3)
+    ts = [900.0, 800.0, 700.0, 600.0]
+    h.set_schedule(ts)
+    out = {}
+
+    def explain(label, t):
+        torch._dynamo.reset()
+        inp["timestep"] = torch.tensor(t)
+        with torch.no_grad():
+            ex = torch._dynamo.explain(unet)(**inp)
+        out[label] = {
+            "graphs": ex.graph_count,
+            "graph_breaks": ex.graph_break_count,
+            "reasons": sorted({str(b.reason)[:160] for b in ex.break_reasons}),
+        }
+
+    explain("whole forward, full step (hooks inside)", ts[0])
+    explain("whole forward, cached step (hooks inside)", ts[1])
+    h.reset()
+    h.set_schedule(ts)
+    h.begin_step(ts[0])
+    explain("whole forward, full step, loop calls begin_step(t)", ts[0])
+    h.begin_step(ts[1])
+    explain("whole forward, cached step, loop calls begin_step(t)", ts[1])
+    assert [r["full"] for r in h.stats.trace][-2:] == [True, False], h.stats.trace
+
+    # The paths themselves, with the step decision taken outside the traced region.
+    pre, post = h._hook
+    pre.remove()
+    post.remove()
+    h._hook = None
+    for label, mode in (("full path, decision outside", "full"), ("cached path, decision outside", "cached")):
+        h._call = mode
+        h._slot = 0
+        torch._dynamo.reset()
+        inp["timestep"] = torch.tensor(ts[1])
+        with torch.no_grad():
+            ex = torch._dynamo.explain(unet)(**inp)
+        out[label] = {
+            "graphs": ex.graph_count,
+            "graph_breaks": ex.graph_break_count,
+            "reasons": sorted({str(b.reason)[:160] for b in ex.break_reasons}),
+        }
+    h.remove()
+    return {
+        "rows": [
+            {"testbed": "torch._dynamo.explain, tiny SD1.5 U-Net", "case": k, **v} for k, v in out.items()
+        ]
+    }
+
+
+# ------------------------------------------------------------------------------------------------ merge
+def _part_path(name: str):
+    return RESULTS_DIR / f"step_cache-{name}.json"
+
+
+def merge() -> None:
+    parts = {}
+    for p in sorted(RESULTS_DIR.glob("step_cache-*.json")):
+        parts[p.stem.removeprefix("step_cache-")] = json.loads(p.read_text())
+    meta = env_info()
+    md = [f"# step_cache\n\n{hardware_line(meta)}\n"]
+    md.append(
+        "Every part ran in its own process under the shared lock on a 2-core machine shared with other work; "
+        "times are wall clock with the load average recorded per part (and per row in the JSON). Ratios are "
+        "from one process. Per-image PSNR: mean and worst image.\n"
+    )
+    for name, part in parts.items():
+        if name == "goals":
+            continue
+        md.append(f"## {name}\n")
+        md.append(
+            f"Run {part.get('date', '?')}, load before/after: {part.get('uptime_before')} / {part.get('uptime_after')}\n"
+        )
+        if part.get("setup"):
+            md.append(part["setup"] + "\n")
+        rows = [{k: v for k, v in r.items() if k not in ("reasons",)} for r in part["rows"]]
+        md.append(markdown_table(rows) + "\n")
+        for r in part["rows"]:
+            if r.get("reasons"):
+                md.append(f"* {r['case']}: " + " | ".join(r["reasons"]) + "\n")
+    goals = parts.get("goals", {}).get("text")
+    if goals:
+        md.append("## Goals\n\n" + goals + "\n")
+    (RESULTS_DIR / "step_cache.md").write_text("\n".join(md))
+    (RESULTS_DIR / "step_cache.json").write_text(
+        json.dumps({"meta": meta, "parts": parts}, indent=2, default=str) + "\n"
+    )
+    print("wrote", RESULTS_DIR / "step_cache.md")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=["tiny", "dynamic", "sd15", "compile"])
+    ap.add_argument("--steps", default="50", help="tiny part: comma-separated step counts")
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--sizes", default="256,512")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--small", action="store_true", help="smoke run: 2 prompts, 10 steps")
+    ap.add_argument("--merge", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    if args.merge:
+        merge()
+        return
+    before = _uptime()
+    t0 = time.time()
+    if args.part == "tiny":
+        steps = [10] if args.small else [int(s) for s in args.steps.split(",")]
+        res, name = (
+            tiny_part(steps, 2 if args.small else args.prompts, args.small),
+            "tiny" + "_".join(map(str, steps)),
+        )
+    elif args.part == "dynamic":
+        res, name = dynamic_part(2 if args.small else args.prompts, args.small), "dynamic"
+    elif args.part == "sd15":
+        res, name = sd15_part([int(s) for s in args.sizes.split(",")], args.reps), "sd15"
+    else:
+        res, name = compile_part(), "compile"
+    res.update(
+        uptime_before=before,
+        uptime_after=_uptime(),
+        seconds=round(time.time() - t0, 1),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
+    if args.small:
+        name = "smoke-" + name
+        print(json.dumps(res, indent=1, default=str))
+        return
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    _part_path(name).write_text(json.dumps(res, indent=2, default=str) + "\n")
+    print("wrote", _part_path(name))
+
+
+if __name__ == "__main__":
+    main()

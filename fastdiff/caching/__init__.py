@@ -1,0 +1,21 @@
+"""Step caching for diffusers U-Nets: reuse deep features across denoising steps.
+
+``handle = fastdiff.step_cache(pipe, mode="uniform", interval=3, branch=0)`` (or ``"schedule"``,
+``"adaptive"``, ``"off"``; ``gate_step=`` adds cross-attention gating). ``fastdiff.restore(pipe)`` removes it.
+See :mod:`fastdiff.caching.cache` for the design and :mod:`.policy` for the measured refresh schedule.
+"""
+
+from fastdiff.caching.cache import MODES, StepCache, StepCacheStats, step_cache
+from fastdiff.caching.policy import StepProfile, plan_refresh
+from fastdiff.caching.profile import drift_profile, measure_profile
+
+__all__ = [
+    "MODES",
+    "StepProfile",
+    "StepCache",
+    "StepCacheStats",
+    "drift_profile",
+    "measure_profile",
+    "plan_refresh",
+    "step_cache",
+]
