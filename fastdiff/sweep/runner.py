@@ -183,8 +183,10 @@ def run(spec, out_dir, *, extend: bool = False, progress: bool = True, collate: 
     store = Store(out_dir)
     manifest = store.check(spec, extend)  # every process checks, so every process raises alike
     state.wait_for_everyone()
-    if state.is_main_process and manifest is not None:
-        store.write_manifest(manifest)
+    if state.is_main_process:
+        store.remove_partial_files()
+        if manifest is not None:
+            store.write_manifest(manifest)
     state.wait_for_everyone()
 
     pipes = Pipelines(spec)

@@ -148,6 +148,13 @@ class Store:
             )
         return new if old != new else None
 
+    def remove_partial_files(self) -> int:
+        """Delete temporary files a killed run left half-written (call before any process writes)."""
+        stale = list(self.root.glob("items/*/.*.tmp")) + list(self.root.glob(".*.tmp"))
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return len(stale)
+
     def write_manifest(self, manifest: dict) -> None:
         self._atomic(self.root / "sweep.json", (json.dumps(manifest, indent=2) + "\n").encode())
 
