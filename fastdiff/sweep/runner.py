@@ -193,7 +193,7 @@ def run(spec, out_dir, *, extend: bool = False, progress: bool = True, collate: 
     cache = EmbeddingCache(enabled=spec.embedding_cache)
     env = {**environment(), "process_index": state.process_index, "num_processes": state.num_processes}
     ordered = sorted(spec.configs, key=lambda c: c.name != spec.reference)  # the reference first
-    written = 0
+    written, work_start = 0, time.time()
     with store.event_log(state.process_index) as log:
         for config in ordered:
             chunks = chunks_of(spec, config)
@@ -210,7 +210,8 @@ def run(spec, out_dir, *, extend: bool = False, progress: bool = True, collate: 
                 bar.close()
             if config.name == spec.reference:
                 state.wait_for_everyone()  # reference images exist before anyone compares with them
-    store.write_stats(state.process_index, {**cache.stats(), "items_written": written, **env})
+    work = {"work_start_unix": work_start, "work_end_unix": time.time(), "load_s": round(pipes.load_s, 3)}
+    store.write_stats(state.process_index, {**cache.stats(), "items_written": written, **work, **env})
     state.wait_for_everyone()
     result = None
     if collate and state.is_main_process:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 
@@ -122,11 +123,14 @@ class Pipelines:
         self.spec = spec
         self._pipes: dict = {}
         self._encoders: dict = {}
+        self.load_s = 0.0
 
     def get(self, name):
         key = name if isinstance(name, str) else id(name)
         if key not in self._pipes:
+            t0 = time.perf_counter()
             self._pipes[key] = load(name, self.spec)
+            self.load_s += time.perf_counter() - t0
             self._encoders[key] = prompt_encoder(self._pipes[key])
         return self._pipes[key], self._encoders[key]
 

@@ -79,6 +79,8 @@ def manifest_of(spec: Spec) -> dict:
 
     return {
         "fastdiff": fastdiff.__version__,
+        # other weights under the same pipeline name must not resume into this folder
+        "tiny_weights": os.environ.get("FASTDIFF_TINY_WEIGHTS"),
         "spec": spec.raw,
         "configs": {c.name: _jsonable(c.options) for c in spec.configs},
         "prompts": [[p.group, p.index, p.text] for p in spec.prompts],
@@ -108,6 +110,8 @@ def _jsonable(v):
 
 def _diff_manifest(old: dict, new: dict, extend: bool) -> str | None:
     """Why ``new`` may not run into a folder made by ``old`` (None if it may)."""
+    if old.get("tiny_weights") != new["tiny_weights"]:
+        return f"FASTDIFF_TINY_WEIGHTS changed from {old.get('tiny_weights')!r} to {new['tiny_weights']!r}"
     if old.get("fastdiff") != new["fastdiff"] and not extend:
         return f"the folder was made by fastdiff {old.get('fastdiff')}, this is {new['fastdiff']}"
     for k, v in new["globals"].items():
