@@ -158,3 +158,42 @@ def test_tiny_prompt_generator_and_groups():
     assert [p.text for p in s.prompts[3:]] == [
         a.prompt for a in D.sample_attributes(2, seed=7, split="train")
     ]
+
+
+def test_readme_example_spec_is_valid_and_cli_check_plans_it(tmp_path, capsys):
+    """The README's sweep example parses, and ``fastdiff sweep --check`` plans it without loading a model."""
+    import re
+    from pathlib import Path
+
+    from fastdiff.cli import main
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Sweeps (`fastdiff sweep`)", 1)[1]
+    toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "sweep.toml").write_text(toml)
+    spec = parse_spec(tmp_path / "sweep.toml")
+    assert len(spec.configs) == 3 + 4 and len(spec.prompts) == 12
+    assert main(["sweep", str(tmp_path / "sweep.toml"), "--check", "--out", str(tmp_path / "o")]) == 0
+    assert "7 configurations x 12 prompts x 2 seeds = 168 items" in capsys.readouterr().out
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_reports_a_bad_spec_file_without_a_traceback(tmp_path, capsys):
+    from fastdiff.cli import main
+
+    (tmp_path / "bad.json").write_text(
+        json.dumps({"pipeline": "fastdiff-tiny", "prompts": [], "configs": [{}]})
+    )
+    assert main(["sweep", str(tmp_path / "bad.json")]) == 2
+    assert "spec['prompts']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("only", [[], ["nonexistent"]])
+def test_demo_only_rejects_empty_and_unknown_names_before_generating(only, capsys):
+    from fastdiff.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--only", *only])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--only" in err and "baseline" in err  # names the valid configurations
