@@ -189,7 +189,7 @@ def run(spec, out_dir, *, extend: bool = False, progress: bool = True, collate: 
             store.write_manifest(manifest)
     state.wait_for_everyone()
 
-    pipes = Pipelines(spec)
+    pipes = Pipelines(spec, str(state.device) if spec.device == "auto" else spec.device)
     cache = EmbeddingCache(enabled=spec.embedding_cache)
     env = {**environment(), "process_index": state.process_index, "num_processes": state.num_processes}
     ordered = sorted(spec.configs, key=lambda c: c.name != spec.reference)  # the reference first

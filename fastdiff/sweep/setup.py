@@ -49,15 +49,9 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def device_of(spec: Spec) -> str:
-    if spec.device != "auto":
-        return spec.device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def load(name, spec: Spec):
-    """Build the pipeline ``name`` names, wrapped for the sweep."""
-    device, dtype = device_of(spec), _dtype(spec.dtype)
+def load(name, spec: Spec, device: str):
+    """Build the pipeline ``name`` names on ``device``, wrapped for the sweep."""
+    dtype = _dtype(spec.dtype)
     if callable(name):
         pipe = name()
     elif name.startswith("fastdiff-tiny"):
@@ -76,6 +70,10 @@ def load(name, spec: Spec):
         from diffusers import DiffusionPipeline
 
         pipe = DiffusionPipeline.from_pretrained(name, torch_dtype=dtype).to(device)
+    import diffusers
+
+    if isinstance(pipe, diffusers.DiffusionPipeline) and pipe.device != torch.device(device):
+        pipe = pipe.to(device)  # a factory's pipeline joins this process's device (one GPU per process)
     return wrap(pipe, name)
 
 
@@ -119,8 +117,9 @@ def timed_module(pipe) -> torch.nn.Module | None:
 class Pipelines:
     """The process's loaded pipelines, by name, and their prompt encoders (kept across configurations)."""
 
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: Spec, device: str):
         self.spec = spec
+        self.device = device  # this process's device: cuda:<local rank> under a multi-GPU launch
         self._pipes: dict = {}
         self._encoders: dict = {}
         self.load_s = 0.0
@@ -129,7 +128,7 @@ class Pipelines:
         key = name if isinstance(name, str) else id(name)
         if key not in self._pipes:
             t0 = time.perf_counter()
-            self._pipes[key] = load(name, self.spec)
+            self._pipes[key] = load(name, self.spec, self.device)
             self.load_s += time.perf_counter() - t0
             self._encoders[key] = prompt_encoder(self._pipes[key])
         return self._pipes[key], self._encoders[key]
