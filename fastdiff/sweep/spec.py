@@ -12,7 +12,8 @@ A spec is a dict (or a TOML / YAML / JSON file holding one)::
     configs = [{name = "dpm 30", sampler = "dpmpp_2m", steps = 30}, ...]
     grid = {sampler = ["ddim", "unipc"], steps = [5, 10]}   # optional: the product, named automatically
 
-Every error names the key, the value received and what is valid.
+Every error names the key, the value received and what is valid. (Every rule lives in this one module, the
+reason it is a little longer than most.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fastdiff.sweep.prompts import Prompt, SpecError, _err, prompts_of
 
 METRICS = ("psnr", "ssim", "attributes", "nfe", "unet_s", "wall_s", "peak_mem")
 FIDELITY_METRICS = ("psnr", "ssim")
@@ -65,10 +68,6 @@ SAVE_ARRAYS = ("reference", "all", "none")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-class SpecError(ValueError):
-    """A sweep spec that cannot run; the message names the key."""
-
-
 @dataclass(frozen=True)
 class Config:
     """One point of the grid: how to set up the pipeline and call it."""
@@ -78,13 +77,6 @@ class Config:
 
     def get(self, key, default=None):
         return self.options.get(key, default)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str
-    group: str
-    index: int  # position within its group
 
 
 @dataclass
@@ -145,10 +137,6 @@ def load_spec_file(path: str | os.PathLike) -> dict:
     return data
 
 
-def _err(key: str, value, valid: str) -> SpecError:
-    return SpecError(f"spec[{key!r}]: got {value!r}; {valid}")
-
-
 def _pipeline_name(p, key: str) -> str | Callable:
     if callable(p):
         return p
@@ -199,7 +187,7 @@ def _check_steps(value, key: str, sampler) -> None:
             )
 
 
-def _check_config(options: dict, key: str, pipelines_ok) -> None:
+def _check_config(options: dict, key: str) -> None:
     unknown = sorted(set(options) - set(CONFIG_KEYS))
     if unknown:
         raise _err(
@@ -269,7 +257,7 @@ def _configs(data: dict) -> list[Config]:
         if not isinstance(entry, dict):
             raise _err(f"configs[{i}]", entry, "expected a table")
         options = {k: v for k, v in entry.items() if k != "name"}
-        _check_config(entry, f"configs[{i}]", True)
+        _check_config(entry, f"configs[{i}]")
         out.append(Config(str(entry.get("name") or _auto_name(options)), options))
     grid = data.get("grid")
     if grid is not None:
@@ -281,7 +269,7 @@ def _configs(data: dict) -> list[Config]:
         keys = list(grid)
         for values in itertools.product(*(grid[k] for k in keys)):
             options = dict(zip(keys, values))
-            _check_config(options, "grid", True)
+            _check_config(options, "grid")
             out.append(Config(_auto_name(options), options))
     if not out:
         raise _err("configs", entries, "the sweep needs at least one configuration ('configs' or 'grid')")
@@ -292,57 +280,6 @@ def _configs(data: dict) -> list[Config]:
     for c in out:
         if "/" in c.name or c.name.startswith("."):
             raise _err("configs.name", c.name, "names may not contain '/' or start with '.'")
-    return out
-
-
-def _prompt_source(src, key: str) -> list[str]:
-    if isinstance(src, list):
-        if not all(isinstance(p, str) and p.strip() for p in src):
-            raise _err(key, src, "prompts must be non-empty strings")
-        return list(src)
-    if isinstance(src, dict) and "file" in src:
-        path = Path(src["file"])
-        if not path.is_file():
-            raise _err(f"{key}.file", str(path), "file does not exist")
-        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    if isinstance(src, dict) and "tiny" in src:
-        from fastdiff.tiny import data as D
-
-        split = src["tiny"]
-        if split not in ("train", "heldout"):
-            raise _err(f"{key}.tiny", split, "fastdiff-tiny splits are 'train' and 'heldout'")
-        extra = sorted(set(src) - {"tiny", "n", "seed", "phrasing", "limit"})
-        if extra:
-            raise _err(f"{key}.{extra[0]}", src[extra[0]], "valid keys: tiny, n, seed, phrasing, limit")
-        if "n" in src:
-            prompts = [
-                a.prompt
-                for a in D.sample_attributes(int(src["n"]), seed=int(src.get("seed", 0)), split=split)
-            ]
-        else:
-            prompts = [p for p, _ in D.list_prompts(split, phrasing=src.get("phrasing", "short"))]
-        return prompts[: src.get("limit")]
-    raise _err(key, src, "expected a list of prompts, {file = path}, {tiny = split, ...} or {groups = {...}}")
-
-
-def _prompts(data: dict) -> list[Prompt]:
-    src = data.get("prompts")
-    if src is None:
-        raise _err("prompts", None, "the sweep needs prompts")
-    if isinstance(src, str):
-        src = {"file": src}
-    if isinstance(src, dict) and "groups" in src:
-        groups = src["groups"]
-        if not isinstance(groups, dict) or not groups:
-            raise _err("prompts.groups", groups, "expected a non-empty table of prompt sources")
-    else:
-        groups = {"all": src}
-    out = []
-    for g, s in groups.items():
-        texts = _prompt_source(s, f"prompts.groups.{g}" if len(groups) > 1 or g != "all" else "prompts")
-        if not texts:
-            raise _err(f"prompts.groups.{g}" if g != "all" else "prompts", s, "no prompts: the list is empty")
-        out += [Prompt(t, str(g), i) for i, t in enumerate(texts)]
     return out
 
 
@@ -361,7 +298,7 @@ def parse_spec(spec: dict | str | os.PathLike) -> Spec:
         raise _err("pipeline", None, "the sweep needs a pipeline")
     pipeline = _pipeline_name(data["pipeline"], "pipeline")
     configs = _configs(data)
-    prompts = _prompts(data)
+    prompts = prompts_of(data)
     seeds = data.get("seeds", [0])
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
