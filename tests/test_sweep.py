@@ -87,7 +87,11 @@ def test_sweep_writes_every_item_once_with_metrics_and_files(tmp_path):
 def test_rerun_skips_finished_items_and_spec_change_is_refused(tmp_path):
     sweep(fake_spec(), tmp_path, progress=False, collate=False)
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "items").rglob("*.json")}
-    sweep(fake_spec(), tmp_path, progress=False, collate=False)  # nothing to do
+    import fastdiff.sweep
+
+    fastdiff.sweep(
+        fake_spec(), tmp_path, progress=False, collate=False
+    )  # the module is callable; nothing to do
     assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "items").rglob("*.json")}
     changed = fake_spec(
         configs=[{"name": "ref", "steps": 20}, {"name": "fast", "steps": 5}, {"name": "mid", "steps": 8}]

@@ -14,6 +14,9 @@ Where to add things: a metric -> ``spec.METRICS`` and ``runner.run_chunk``; a co
 
 from __future__ import annotations
 
+import sys
+import types
+
 from fastdiff.sweep.collate import SweepResult, collate
 from fastdiff.sweep.embeddings import PromptEncoder
 from fastdiff.sweep.setup import SweepPipeline
@@ -40,6 +43,16 @@ def sweep(
 
     return run(spec, out_dir, extend=extend, progress=progress, collate=collate)
 
+
+class _CallableModule(types.ModuleType):
+    """``fastdiff.sweep(spec, out_dir)`` calls :func:`sweep`, while ``fastdiff.sweep.collate`` etc. stay
+    reachable: the package and the function share a name, as the issue and the CLI spell it."""
+
+    def __call__(self, spec, out_dir, **kwargs):
+        return sweep(spec, out_dir, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = [
     "METRICS",
