@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,8 +116,11 @@ def _stats(folder: Path, rows: list[dict]) -> dict:
 
 def pareto_plot(summary: list[dict], path: Path) -> bool:
     """Quality (mean PSNR, else attribute accuracy) against NFE and against wall time; False if no quality."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        warnings.warn("pareto.png skipped: pip install matplotlib (or 'fastdiff[sweep]')", stacklevel=2)
+        return False
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
