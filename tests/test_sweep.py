@@ -253,3 +253,36 @@ def test_cached_embeddings_give_the_pipelines_own_images(arch, tmp_path):
         want = (own[j] * 255).round().clip(0, 255).astype(np.uint8)
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1  # batch-1 vs batched CLIP: float noise
     assert res.stats["text_encoder_calls"] == (2 + 1) * (2 if arch == "sdxl" else 1)
+
+
+def test_optimize_option_is_applied_for_its_configuration_and_undone_after(tmp_path):
+    from fastdiff.testing import tiny_pipeline
+
+    base = tiny_pipeline("sd15")
+    base.set_progress_bar_config(disable=True)
+    before = {k: v.clone() for k, v in base.unet.state_dict().items()}
+    modules_before = [type(m) for m in base.unet.modules()]
+    spec = {
+        "pipeline": lambda: base,
+        "reference": "plain",
+        "prompts": ["a red circle", "a blue square"],
+        "seeds": [0],
+        "guidance": 3.0,
+        "metrics": ["psnr", "nfe"],
+        "configs": [
+            {"name": "plain", "sampler": "ddim", "steps": 3},
+            {
+                "name": "optimized",
+                "sampler": "ddim",
+                "steps": 3,
+                "optimize": {"attention": "math", "winograd": True},
+            },
+        ],
+    }
+    sweep(spec, tmp_path, progress=False, collate=False)
+    res = collate(tmp_path, plots=False)
+    assert res.summary_for("optimized")["psnr_worst"] > 40  # same images up to float rounding
+    assert [type(m) for m in base.unet.modules()] == modules_before  # restored after its configuration
+    for k, v in base.unet.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+    assert base.scheduler.__class__.__name__ != "FastScheduler"  # the sampler swap is undone too
