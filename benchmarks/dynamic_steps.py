@@ -323,6 +323,21 @@ def write_table(table: dict) -> None:
         pass
 
 
+def _last_calibration_note(name: str) -> list[str]:
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f).get("notes", "")
+    return [
+        n if "from the last --calibrate run" in n else n + " (from the last --calibrate run)"
+        for n in old.split("\n\n")
+        if n.startswith("Auto-steps calibration")
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["exact", "tiny", "all"], default="all")
@@ -347,6 +362,8 @@ def main():
             "Auto-steps calibration (steps needed for >= 30 dB vs 30 steps, per tier): "
             + ", ".join(f"{t}: {sorted(v)}" for t, v in by_tier.items())
         )
+    else:  # keep the provenance of the table in use: the last calibration's note
+        notes += _last_calibration_note(args.name + ("_small" if args.small else ""))
     if args.part in ("exact", "all"):
         n = 64 if args.small else 512
         t0 = time.perf_counter()
