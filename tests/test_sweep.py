@@ -286,3 +286,35 @@ def test_optimize_option_is_applied_for_its_configuration_and_undone_after(tmp_p
     for k, v in base.unet.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)
     assert base.scheduler.__class__.__name__ != "FastScheduler"  # the sampler swap is undone too
+
+
+def test_auto_steps_get_the_prompt_text_and_choose_as_a_direct_call(tmp_path):
+    """steps="auto" picks step counts from the prompt's words, so the sweep must not hide them behind
+    prompt_embeds: the per-image step counts equal a direct pipeline call's."""
+    from fastdiff.sweep.setup import wrap
+    from fastdiff.testing import tiny_pipeline
+
+    base = tiny_pipeline("sd15")
+    prompts = [
+        "a red circle",
+        "a highly detailed intricate ornate red circle with fine texture and many patterns",
+    ]
+    spec = {
+        "pipeline": lambda: base,
+        "prompts": prompts,
+        "seeds": [0],
+        "guidance": 3.0,
+        "metrics": ["nfe"],
+        "configs": [{"name": "auto", "steps": "auto"}],
+    }
+    sweep(spec, tmp_path, progress=False, collate=False)
+    rows = sorted(collate(tmp_path, plots=False).rows, key=lambda r: r["prompt_index"])
+    out = wrap(base)(
+        prompts,
+        steps="auto",
+        guidance_scale=3.0,
+        output_type="np",
+        generator=[torch.Generator().manual_seed(0) for _ in prompts],
+    )
+    assert [r["steps"] for r in rows] == out.fastdiff.num_steps
+    assert rows[0]["steps"] != rows[1]["steps"]  # the tiers really differ, so the text mattered

@@ -99,7 +99,8 @@ def run_chunk(spec, store, pipes, cache, chunk: list[Item], todo: set, refs: dic
         prompts = [it.prompt.text for it in chunk]
         generators = [torch.Generator("cpu").manual_seed(it.seed) for it in chunk]
         t_enc = time.perf_counter()
-        if encoder is not None:
+        # steps="auto" reads the prompt text (its keywords pick the step table), so those calls get text
+        if encoder is not None and kwargs.get("steps") != "auto":
             call = cache.call_kwargs(
                 encoder, prompts, spec.negative_prompt, uses_cfg(pipe, kwargs["guidance_scale"])
             )
