@@ -7,7 +7,8 @@ Two testbeds, each against the same run with a fixed 30-step DPM-Solver++(2M) (f
   denoiser is known in closed form (:mod:`fastdiff.samplers.gmm`); also the error against the exact
   probability-flow solution (float64 DOP853).
 * **tiny**: the fastdiff-tiny text-to-image model (64x64 images): PSNR/SSIM of decoded images against the
-  30-step images, attribute accuracy (shape, colours) and wall time, measured in this one process.
+  30-step images, attribute accuracy (shape, colours) and wall time. This part is a ``fastdiff.sweep``
+  (resumable with ``--sweep-dir``; image i seeded with 1000 + i).
 
 Rows: fixed step counts (the presets), EarlyStop at several tolerances, steps="auto", and LCM draft +
 30 %-strength refine. ``--calibrate`` measures the auto-steps table on the tiny model and writes
@@ -25,6 +26,7 @@ import math
 import os
 import pprint
 import sys
+import tempfile
 import time
 
 import torch
@@ -59,20 +61,24 @@ CALIBRATION_PSNR = 30.0  # dB; 2 dB of margin over the 28 dB goal for prompts ou
 TABLE_PATH = os.path.join(os.path.dirname(__file__), "..", "fastdiff", "dynamic", "auto_steps_table.py")
 
 
-def _psnr(a: torch.Tensor, b: torch.Tensor, data_range: float) -> torch.Tensor:
-    """Per-sample PSNR in dB (inf where identical)."""
-    mse = (a.double() - b.double()).square().flatten(1).mean(1)
-    return 10 * torch.log10(data_range**2 / mse)
-
-
-def _pooled_psnr(a: torch.Tensor, b: torch.Tensor, data_range: float) -> float | str:
-    """PSNR of the whole set (MSE pooled over samples), as image benchmarks report it."""
-    mse = float((a.double() - b.double()).square().mean())
-    return "ref" if mse == 0 else round(10 * math.log10(data_range**2 / mse), 2)
+def _db(value: float) -> float | str:
+    return "ref" if math.isinf(value) else round(value, 2)
 
 
 def _min_psnr(p: torch.Tensor) -> float | str:
     return "ref" if torch.isinf(p).all() else round(float(p.min()), 2)
+
+
+def _psnr(a, b, data_range: float) -> torch.Tensor:
+    from fastdiff.metrics import psnr
+
+    return psnr(a, b, data_range=data_range, reduction="none")
+
+
+def _pooled(a, b, data_range: float) -> float:
+    from fastdiff.metrics import psnr
+
+    return psnr(a, b, data_range=data_range, reduction="pooled")
 
 
 def _es_name(rtol, patience, max_sigma) -> str:
@@ -118,7 +124,7 @@ def exact_benchmark(n: int, with_reference: bool) -> list[dict]:
             "method": name,
             "mean NFE": round(nfe, 2),
             "NFE saved vs 30": f"{100 * (1 - nfe / REFERENCE_STEPS):.0f}%",
-            "PSNR vs 30-step (dB)": _pooled_psnr(res.latents, ref, data_range),
+            "PSNR vs 30-step (dB)": _db(_pooled(res.latents, ref, data_range)),
             "min PSNR (dB)": _min_psnr(p),
         }
         if exact is not None:
@@ -149,75 +155,82 @@ def _images(out) -> torch.Tensor:
     return torch.from_numpy(out.images).permute(0, 3, 1, 2).float()
 
 
-def tiny_benchmark(n: int, guidance: float, batch: int, only=()) -> tuple[list[dict], dict]:
-    from fastdiff.metrics import score, ssim
+REFERENCE = "fixed 30 (quality)"
 
-    pipe = load_tiny("base")
-    try:
-        lcm = load_tiny("lcm")
-    except FileNotFoundError:
-        lcm = None
-    prompts, attrs = tiny_prompts(n, seed=1)
 
-    def run(**kw):
-        """All prompts in batches; returns (images, per-image NFE, per-image steps, seconds, notes)."""
-        images, nfe, steps, notes, seconds = [], [], [], [], 0.0
-        for i in range(0, n, batch):
-            g = torch.Generator().manual_seed(1000 + i)
-            t0 = time.perf_counter()
-            out = pipe(prompts[i : i + batch], guidance_scale=guidance, output_type="np", generator=g, **kw)
-            seconds += time.perf_counter() - t0
-            images.append(_images(out))
-            nfe += out.fastdiff.nfe_per_sample
-            steps += out.fastdiff.num_steps
-            notes += out.fastdiff.notes or [""] * len(out.images)
-        return torch.cat(images), nfe, steps, seconds, notes
-
-    methods = {
-        "fixed 30 (quality)": dict(steps="quality"),
-        "fixed 10 (fast)": dict(steps="fast"),
-        "fixed 20 (balanced)": dict(steps="balanced"),
-    }
+def tiny_spec(n: int, guidance: float, batch: int, only=(), lcm: bool = True) -> dict:
+    """The tiny testbed as a sweep spec: every method on the same prompts and seeds."""
+    methods = {REFERENCE: dict(steps="quality"), "fixed 10 (fast)": dict(steps="fast")}
+    methods["fixed 20 (balanced)"] = dict(steps="balanced")
     for rtol, patience, max_sigma in EARLY_STOP_GRID_TINY:
-        methods[_es_name(rtol, patience, max_sigma)] = dict(
-            steps="quality", early_stop=dict(rtol=rtol, patience=patience, min_steps=5, max_sigma=max_sigma)
-        )
+        es = dict(rtol=rtol, patience=patience, min_steps=5)
+        if max_sigma is not None:
+            es["max_sigma"] = max_sigma
+        methods[_es_name(rtol, patience, max_sigma)] = dict(steps="quality", early_stop=es)
     methods["auto"] = dict(steps="auto")
-    if lcm is not None:
+    if lcm:
         for strength in DRAFT_STRENGTHS:
             methods[f"LCM draft 4 + refine {strength:.0%} of 30"] = dict(
-                steps="quality", draft={"model": lcm, "strength": strength, "steps": 4}
+                steps="quality", draft={"model": "fastdiff-tiny:lcm", "strength": strength, "steps": 4}
             )
     if only:
-        methods = {k: v for k, v in methods.items() if k.startswith("fixed 30") or any(o in k for o in only)}
-    results = {name: run(**kw) for name, kw in methods.items()}
-    ref_images, _, _, ref_seconds, _ = results["fixed 30 (quality)"]
+        methods = {k: v for k, v in methods.items() if k == REFERENCE or any(o in k for o in only)}
+    return {
+        "pipeline": "fastdiff-tiny",
+        "reference": REFERENCE,
+        "prompts": {"tiny": "train", "n": n, "seed": 1},
+        "seeds": [1000],
+        "seed_per_prompt": True,
+        "guidance": guidance,
+        "batch_size": batch,
+        "metrics": ["psnr", "ssim", "attributes", "nfe", "wall_s"],
+        "configs": [{"name": name, **kw} for name, kw in methods.items()],
+    }
+
+
+def tiny_benchmark(n: int, guidance: float, batch: int, only=(), sweep_dir=None) -> tuple[list[dict], dict]:
+    from fastdiff.sweep import sweep
+    from fastdiff.tiny import weights_dir
+
+    try:
+        weights_dir("lcm")
+        lcm = True
+    except FileNotFoundError:
+        lcm = False
+    sweep_dir = sweep_dir or os.path.join(tempfile.gettempdir(), "fastdiff-bench", f"dynamic_steps-{n}")
+    result = sweep(tiny_spec(n, guidance, batch, only, lcm), sweep_dir)
+    if result is None:  # not the main process of a multi-process run
+        return [], {}
+    ref_seconds = result.summary_for(REFERENCE)["wall_s_total"]
     rows, auto_detail = [], {}
-    for name, (images, nfe, steps, seconds, _notes) in results.items():
-        p = _psnr(images, ref_images, 1.0)
-        acc = score(images.permute(0, 2, 3, 1).numpy(), attrs)
+    for s in result.summary:
+        if s["group"] != "all":
+            continue
+        mine = sorted((r for r in result.rows if r["config"] == s["config"]), key=lambda r: r["prompt_index"])
+        p = torch.tensor([math.inf if s["reference"] else r["psnr"] for r in mine])
+        nfe = s["nfe"]
         rows.append(
             {
                 "testbed": "fastdiff-tiny",
-                "method": name,
-                "mean NFE": round(sum(nfe) / n, 2),
-                "NFE saved vs 30": f"{100 * (1 - sum(nfe) / n / REFERENCE_STEPS):.0f}%",
-                "PSNR vs 30-step (dB)": _pooled_psnr(images, ref_images, 1.0),
+                "method": s["config"],
+                "mean NFE": round(nfe, 2),
+                "NFE saved vs 30": f"{100 * (1 - nfe / REFERENCE_STEPS):.0f}%",
+                "PSNR vs 30-step (dB)": _db(s["psnr_pooled"]),
                 "min PSNR (dB)": _min_psnr(p),
-                "SSIM vs 30-step": round(float(ssim(images, ref_images)), 4),
-                "attribute accuracy": round(acc["all"], 3),
-                "wall s": round(seconds, 2),
-                "speed-up vs 30": round(ref_seconds / seconds, 2),
+                "SSIM vs 30-step": round(s["ssim_mean"], 4),
+                "attribute accuracy": round(s["attr_all"], 3),
+                "wall s": round(s["wall_s_total"], 2),
+                "speed-up vs 30": round(ref_seconds / s["wall_s_total"], 2),
             }
         )
-        if name == "auto":
-            tiers = [prompt_tier(pr)[0] for pr in prompts]
+        if s["config"] == "auto":
+            tiers = [prompt_tier(r["prompt"])[0] for r in mine]
             for tier in ("simple", "neutral", "detailed"):
                 idx = [i for i, t in enumerate(tiers) if t == tier]
                 if idx:
                     auto_detail[tier] = {
                         "prompts": len(idx),
-                        "mean steps": round(sum(steps[i] for i in idx) / len(idx), 2),
+                        "mean steps": round(sum(mine[i]["steps"] for i in idx) / len(idx), 2),
                         "min PSNR vs own 30-step (dB)": round(float(p[idx].min()), 2),
                     }
     return rows, auto_detail
@@ -310,6 +323,21 @@ def write_table(table: dict) -> None:
         pass
 
 
+def _last_calibration_note(name: str) -> list[str]:
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f).get("notes", "")
+    return [
+        n if "from the last --calibrate run" in n else n + " (from the last --calibrate run)"
+        for n in old.split("\n\n")
+        if n.startswith("Auto-steps calibration")
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["exact", "tiny", "all"], default="all")
@@ -318,6 +346,7 @@ def main():
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--name", default="dynamic_steps")
     ap.add_argument("--only", nargs="*", default=(), help="tiny methods whose name contains any of these")
+    ap.add_argument("--sweep-dir", default=None, help="sweep folder for the tiny part (resumable)")
     args = ap.parse_args()
     torch.manual_seed(0)
     rows, notes = [], []
@@ -333,6 +362,8 @@ def main():
             "Auto-steps calibration (steps needed for >= 30 dB vs 30 steps, per tier): "
             + ", ".join(f"{t}: {sorted(v)}" for t, v in by_tier.items())
         )
+    else:  # keep the provenance of the table in use: the last calibration's note
+        notes += _last_calibration_note(args.name + ("_small" if args.small else ""))
     if args.part in ("exact", "all"):
         n = 64 if args.small else 512
         t0 = time.perf_counter()
@@ -343,12 +374,14 @@ def main():
     if args.part in ("tiny", "all"):
         try:
             n = 8 if args.small else 48
-            tiny_rows, auto_detail = tiny_benchmark(n, args.guidance, batch=16, only=args.only)
+            tiny_rows, auto_detail = tiny_benchmark(n, args.guidance, 16, args.only, args.sweep_dir)
             rows += tiny_rows
             weights = os.environ.get("FASTDIFF_TINY_WEIGHTS") or "shipped fastdiff/tiny/weights"
             notes.append(
-                f"fastdiff-tiny ({weights}): {n} train-split prompts, guidance {args.guidance}, batches of 16, "
-                "fp32 CPU; wall times on a shared, heavily loaded 2-core machine are indicative only."
+                f"fastdiff-tiny ({weights}): {n} train-split prompts, image i seeded with 1000 + i, guidance "
+                f"{args.guidance}, batches of 16, fp32 CPU, run by fastdiff.sweep (prompt embeddings computed once "
+                "per prompt); PSNR pools the squared error over images, min PSNR is the worst image; wall times "
+                "on a shared, heavily loaded 2-core machine are indicative only."
             )
             notes.append(
                 "Auto steps per prompt tier: " + "; ".join(f"{k}: {v}" for k, v in auto_detail.items())

@@ -1,14 +1,16 @@
-"""Prompt adherence of fastdiff-tiny, measured by the attribute checker.
+"""Prompt adherence of fastdiff-tiny, measured by the attribute checker, run as a ``fastdiff.sweep``.
 
 Teacher with DPM-Solver++ (diffusers' ``DPMSolverMultistepScheduler``, 30 steps,
 guidance 5) and the LCM student (``LCMScheduler``, 1/2/4 steps, guidance-scale
 input 5) on every HELD-OUT prompt combination (colour pairs never seen in
 training) and on as many training combinations; the checker's own accuracy on
-ground-truth images is the first row.
+ground-truth images is the first row. Image i of each split is seeded with i.
 
-    python benchmarks/tiny_quality.py [--weights DIR] [--out-name tiny_quality]
+    python benchmarks/tiny_quality.py [--weights DIR] [--out-name tiny_quality] [--sweep-dir DIR]
 
-Writes ``benchmarks/results/<out-name>.{json,md}`` and a sample grid PNG.
+The generation is a sweep (resumable: re-running with the same ``--sweep-dir`` skips finished images; also
+runs under ``torchrun --nproc_per_node N``). Writes ``benchmarks/results/<out-name>.{json,md}`` and a
+sample grid PNG.
 """
 
 from __future__ import annotations
@@ -16,48 +18,68 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
+import tempfile
 
 import numpy as np
-import torch
+from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from benchmarks._common import env_info, write_results  # noqa: E402
-from fastdiff.metrics import checker_accuracy, score  # noqa: E402
+from fastdiff.metrics import checker_accuracy, neighbour_difference  # noqa: E402
+from fastdiff.sweep import sweep  # noqa: E402
 from fastdiff.tiny import data as D  # noqa: E402
-from fastdiff.tiny import load_pipeline  # noqa: E402
 
 GUIDANCE = 5.0
+TEACHER = "teacher DPM-Solver++"
+STUDENT_STEPS = (4, 2, 1)
 
 
-def generate(pipe, prompts, steps, guidance, seed=0, batch=36):
-    """Images (uint8 NHWC) for `prompts`, image i seeded with seed + i."""
-    out = []
-    for i in range(0, len(prompts), batch):
-        chunk = prompts[i : i + batch]
-        gens = [torch.Generator("cpu").manual_seed(seed + i + j) for j in range(len(chunk))]
-        res = pipe(
-            chunk, num_inference_steps=steps, guidance_scale=guidance, generator=gens, output_type="np"
-        )
-        out.append((res.images * 255).round().astype(np.uint8))
-    return np.concatenate(out)
+def quality_spec(n_train: int = 72, limit: int | None = None) -> dict:
+    """The benchmark as a sweep spec: two prompt groups, image i of a group seeded with i."""
+    return {
+        "pipeline": "fastdiff-tiny",
+        "prompts": {
+            "groups": {
+                "heldout": {"tiny": "heldout", "phrasing": "short", "limit": limit},
+                "train": {"tiny": "train", "n": n_train, "seed": 7, "limit": limit},
+            }
+        },
+        "seeds": [0],
+        "seed_per_prompt": True,
+        "guidance": GUIDANCE,
+        "batch_size": 36,
+        "metrics": ["attributes", "nfe", "wall_s"],
+        "configs": [{"name": TEACHER, "sampler": "diffusers:DPMSolverMultistepScheduler", "steps": 30}]
+        + [{"name": f"LCM student {s}", "pipeline": "fastdiff-tiny:lcm", "steps": s} for s in STUDENT_STEPS],
+    }
 
 
-def high_frequency_energy(images: np.ndarray) -> np.ndarray:
-    """Mean absolute difference of neighbouring pixels (0-255 scale) per image: how busy it looks."""
-    x = images.astype(np.float64)
-    return np.abs(np.diff(x, axis=1)).mean(axis=(1, 2, 3)) + np.abs(np.diff(x, axis=2)).mean(axis=(1, 2, 3))
+def _row(model, split, steps, rows, folder) -> dict:
+    images = np.stack([np.asarray(Image.open(os.path.join(folder, r["image"]))) for r in rows])
+    plain = np.array([D.parse_prompt(r["prompt"]).texture == "plain" for r in rows])
+    hf = neighbour_difference(images).numpy()
+    return {
+        "model": model,
+        "split": split,
+        "steps": steps,
+        **{
+            k: float(np.mean([r[f"attr_{k}"] for r in rows]))
+            for k in ("shape_colour", "bg_colour", "shape", "all")
+        },
+        "n": len(rows),
+        "hf_plain": float(hf[plain].mean()),
+        "hf_textured": float(hf[~plain].mean()),
+        "wall_s": float(sum(r["wall_s"] for r in rows)),
+    }
 
 
-def evaluate(weights_root=None, n_train=72, limit=None):
-    from diffusers import DPMSolverMultistepScheduler
-
+def evaluate(sweep_dir: str, n_train: int = 72, limit: int | None = None):
     acc = checker_accuracy(600)
     real, real_attrs = D.make_dataset(600, seed=1234, split="all")
     plain = np.array([a.texture == "plain" for a in real_attrs])
-    hf = high_frequency_energy(real)
-    rows = [
+    hf = neighbour_difference(real).numpy()
+    table = [
         {
             "model": "ground truth (checker self-test)",
             "split": "all",
@@ -68,44 +90,26 @@ def evaluate(weights_root=None, n_train=72, limit=None):
             "wall_s": None,
         }
     ]
-    held = [a for _, a in D.list_prompts("heldout", phrasing="short")][:limit]
-    train = D.sample_attributes(n_train, seed=7, split="train")[:limit]
-    sets = {"heldout": held, "train": train}
-    samples = {}
-
-    teacher = load_pipeline("base", weights_root=weights_root)
-    teacher.scheduler = DPMSolverMultistepScheduler.from_config(teacher.scheduler.config)
-    student = load_pipeline("lcm", weights_root=weights_root)
-    configs = [("teacher DPM-Solver++", teacher, 30)] + [("LCM student", student, s) for s in (4, 2, 1)]
-    for name, pipe, steps in configs:
-        for split, attrs in sets.items():
-            t0 = time.perf_counter()
-            images = generate(pipe, [a.prompt for a in attrs], steps, GUIDANCE)
-            wall = time.perf_counter() - t0
-            plain = np.array([a.texture == "plain" for a in attrs])
-            hf = high_frequency_energy(images)
-            rows.append(
-                {
-                    "model": name,
-                    "split": split,
-                    "steps": steps,
-                    **score(images, attrs),
-                    "hf_plain": float(hf[plain].mean()),
-                    "hf_textured": float(hf[~plain].mean()),
-                    "wall_s": wall,
-                }
-            )
-            samples[(name, steps, split)] = images
-            print(rows[-1], flush=True)
-    return rows, samples
+    result = sweep(quality_spec(n_train, limit), sweep_dir)
+    if result is None:  # not the main process of a multi-process run
+        return None, None
+    for cfg in [TEACHER] + [f"LCM student {s}" for s in STUDENT_STEPS]:
+        model, steps = (TEACHER, 30) if cfg == TEACHER else ("LCM student", int(cfg.split()[-1]))
+        for split in ("heldout", "train"):
+            rows = [r for r in result.rows if r["config"] == cfg and r["group"] == split]
+            table.append(_row(model, split, steps, rows, sweep_dir))
+            print(table[-1], flush=True)
+    return table, result
 
 
-def save_grid(samples, path, per_row=12):
-    from PIL import Image
-
-    strips = [imgs[:per_row] for key, imgs in samples.items() if key[2] == "heldout"]
-    grid = np.concatenate([np.concatenate(list(s), axis=1) for s in strips], axis=0)
-    Image.fromarray(grid).save(path)
+def save_grid(result, folder, path, per_row=12):
+    strips = []
+    for cfg in dict.fromkeys(r["config"] for r in result.rows):
+        rows = [r for r in result.rows if r["config"] == cfg and r["group"] == "heldout"][:per_row]
+        strips.append(
+            np.concatenate([np.asarray(Image.open(os.path.join(folder, r["image"]))) for r in rows], axis=1)
+        )
+    Image.fromarray(np.concatenate(strips, axis=0)).save(path)
 
 
 def main(argv=None):
@@ -115,9 +119,14 @@ def main(argv=None):
     )
     p.add_argument("--out-name", default="tiny_quality")
     p.add_argument("--limit", type=int, default=None, help="prompts per split (smoke runs)")
+    p.add_argument("--sweep-dir", default=None, help="sweep folder (resumable; default: a temporary folder)")
     args = p.parse_args(argv)
-    torch.manual_seed(0)
-    rows, samples = evaluate(args.weights, limit=args.limit)
+    if args.weights:
+        os.environ["FASTDIFF_TINY_WEIGHTS"] = args.weights
+    sweep_dir = args.sweep_dir or os.path.join(tempfile.gettempdir(), "fastdiff-bench", args.out_name)
+    rows, result = evaluate(sweep_dir, limit=args.limit)
+    if rows is None:
+        return
     notes = (
         f"Attribute accuracy (fraction of images) on all {len(D.list_attributes('heldout'))} held-out prompt "
         f"combinations (colour pairs {sorted(D.HELDOUT_PAIRS)} never seen in training) and 72 training combinations; "
@@ -125,8 +134,9 @@ def main(argv=None):
         f"LCM student: LCMScheduler, guidance-scale input {GUIDANCE} (no CFG pass). Targets (held-out): "
         "shape colour >= 0.80, background colour >= 0.90, LCM 4-step within 10 points of the teacher. "
         "hf_plain / hf_textured: mean absolute neighbour-pixel difference (0-255) of images whose prompt "
-        "has a plain / textured background (how busy they look). "
-        "wall_s: whole-batch generation time on a shared 2-core CPU (indicative only)."
+        "has a plain / textured background (how busy they look; fastdiff.metrics.neighbour_difference). "
+        "wall_s: generation time of the split on a shared 2-core CPU (indicative only). Generated by "
+        "fastdiff.sweep (batches of 36, prompt embeddings computed once per prompt)."
     )
     columns = [
         "model",
@@ -142,7 +152,7 @@ def main(argv=None):
     ]
     columns.append("wall_s")
     jpath, _ = write_results(args.out_name, rows, env_info(), columns, notes)
-    save_grid(samples, str(jpath).replace(".json", "_samples.png"))
+    save_grid(result, sweep_dir, str(jpath).replace(".json", "_samples.png"))
     print(open(str(jpath).replace(".json", ".md")).read())
 
 

@@ -2,6 +2,9 @@
 
 * ``fastdiff info`` — versions, device and usable backends: what a bug report needs.
 * ``fastdiff demo`` — generate a comparison grid with the shipped tiny model.
+* ``fastdiff sweep SPEC`` — a quality/speed sweep from a TOML/YAML/JSON spec (:mod:`fastdiff.sweep`);
+  on several processes: ``torchrun --nproc_per_node N -m fastdiff.cli sweep SPEC`` or
+  ``accelerate launch --multi_gpu --num_processes N -m fastdiff.cli sweep SPEC``.
 """
 
 from __future__ import annotations
@@ -94,8 +97,26 @@ def main(argv: list[str] | None = None) -> int:
     p_info.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("demo", help="generate a comparison grid with the shipped tiny model", add_help=False)
 
+    p_sweep = sub.add_parser(
+        "sweep",
+        help="run or resume a quality/speed sweep from a spec file",
+        description="Run (or resume) the sweep described by SPEC (TOML, YAML or JSON; see fastdiff.sweep). "
+        "Finished items in OUT are skipped. Several processes: torchrun --standalone --nproc_per_node N "
+        "-m fastdiff.cli sweep SPEC (CPU or GPU), or accelerate launch --multi_gpu --num_processes N "
+        "-m fastdiff.cli sweep SPEC.",
+    )
+    p_sweep.add_argument("spec", help="spec file (.toml, .yaml, .yml or .json)")
+    p_sweep.add_argument("--out", help="output folder (default: sweep-out/<spec name>)")
+    p_sweep.add_argument("--extend", action="store_true", help="add configurations/prompts/seeds to OUT")
+    p_sweep.add_argument(
+        "--check", action="store_true", help="validate the spec and print the plan; run nothing"
+    )
+    p_sweep.add_argument("--collate-only", action="store_true", help="re-write tables and plots from OUT")
+    p_sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
+        _check_demo_only(parser, argv[1:])
         from fastdiff.demo import main as demo_main
 
         return demo_main(argv[1:]) or 0
@@ -103,6 +124,63 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         info = collect_info()
         print(json.dumps(info, indent=2)) if args.json else _print_info(info)
+    elif args.command == "sweep":
+        return _sweep(parser, args)
+    return 0
+
+
+def _check_demo_only(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """``--only`` with no names, or with a name no configuration has, fails before any generation."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--only", nargs="*")
+    known, _ = pre.parse_known_args(argv)
+    if known.only is None:
+        return
+    from fastdiff.demo import configs
+
+    names = [c.name for c in configs()]
+    if not known.only:
+        parser.error(f"demo --only needs at least one configuration name; valid: {', '.join(names)}")
+    unknown = [n for n in known.only if n not in names]
+    if unknown:
+        parser.error(f"demo --only: unknown configuration(s) {unknown}; valid: {', '.join(names)}")
+
+
+def _sweep(parser: argparse.ArgumentParser, args) -> int:
+    from pathlib import Path
+
+    from fastdiff.sweep import SpecError, collate, parse_spec, sweep
+
+    out = args.out or str(Path("sweep-out") / Path(args.spec).stem)
+    if args.collate_only:
+        if not (Path(out) / "sweep.json").exists():
+            parser.error(f"--collate-only: {out} holds no sweep (no sweep.json)")
+        result = collate(out)
+    else:
+        try:
+            spec = parse_spec(args.spec)
+        except SpecError as e:
+            print(f"fastdiff sweep: error: {e}", file=sys.stderr)
+            return 2
+        if args.check:
+            from fastdiff.sweep.store import chunks_of
+
+            n = sum(len(ch) for c in spec.configs for ch in chunks_of(spec, c))
+            print(
+                f"{args.spec}: valid; {len(spec.configs)} configurations x {len(spec.prompts)} prompts x "
+                f"{len(spec.seeds)} seeds = {n} items -> {out}"
+            )
+            return 0
+        try:
+            result = sweep(args.spec, out, extend=args.extend, progress=not args.no_progress)
+        except SpecError as e:
+            print(f"fastdiff sweep: error: {e}", file=sys.stderr)
+            return 2
+    if result is not None:  # the main process
+        print((Path(out) / "summary.md").read_text())
+        print(
+            f"rows: {Path(out) / 'rows.csv'}  plot: {Path(out) / 'pareto.png'}  grid: {Path(out) / 'grid.png'}"
+        )
     return 0
 
 

@@ -115,3 +115,67 @@ def test_shape_classifier_on_drawn_masks():
     assert classify_shape(square) == "square"
     assert classify_shape(tri) == "triangle"
     assert classify_shape(np.zeros((64, 64), bool)) is None
+
+
+def test_psnr_per_image_data_range_worst_and_pooled_against_a_loop():
+    """Per-image PSNR with a per-image peak (e.g. latents of different ranges), the worst image, and the
+    pooled form, against an explicit per-image loop in float64."""
+    g = torch.Generator().manual_seed(5)
+    a = (
+        torch.randn(4, 4, 8, 8, generator=g, dtype=torch.float64)
+        * torch.tensor([1.0, 2.0, 0.5, 3.0])[:, None, None, None]
+    )
+    b = a + 0.1 * torch.randn(a.shape, generator=g, dtype=torch.float64)
+    ranges = (a.flatten(1).max(1).values - a.flatten(1).min(1).values).tolist()
+    want = []
+    for i in range(4):
+        mse = sum(float(v) ** 2 for v in (a[i] - b[i]).flatten()) / a[i].numel()
+        want.append(10 * math.log10(ranges[i] ** 2 / mse))
+    got = psnr(a, b, data_range=ranges, reduction="none")
+    assert got.tolist() == pytest.approx(want, rel=1e-12)
+    assert psnr(a, b, data_range=ranges) == pytest.approx(sum(want) / 4, rel=1e-12)
+    assert psnr(a, b, data_range=ranges, reduction="min") == pytest.approx(min(want), rel=1e-12)
+    pooled_mse = float(((a - b) ** 2).mean())
+    assert psnr(a, b, data_range=2.0, reduction="pooled") == pytest.approx(
+        10 * math.log10(4 / pooled_mse), rel=1e-12
+    )
+    assert psnr(a, a, data_range=2.0, reduction="pooled") == math.inf
+    latents = a.reshape(4, -1)  # any (N, ...) tensor, e.g. flattened latents
+    assert psnr(latents, b.reshape(4, -1), data_range=ranges, reduction="none").tolist() == pytest.approx(
+        want, rel=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(data_range=[1.0, 2.0, 3.0]), "one per image"),
+        (dict(data_range=0.0), "> 0"),
+        (dict(data_range=float("nan")), "finite"),
+        (dict(data_range=[1.0, 2.0], reduction="pooled"), "one data_range"),
+        (dict(reduction="median"), "reduction"),
+    ],
+)
+def test_psnr_rejects_bad_range_and_reduction(kwargs, match):
+    a = _rand(3)
+    with pytest.raises(ValueError, match=match):
+        psnr(a, a * 0.5, **kwargs)
+
+
+def test_neighbour_difference_against_a_pixel_loop():
+    from fastdiff.metrics import neighbour_difference
+
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, size=(2, 5, 7, 3), dtype=np.uint8)  # NHWC uint8, odd sizes
+    want = []
+    for im in imgs.astype(np.float64):
+        v = sum(abs(im[i + 1, j, c] - im[i, j, c]) for i in range(4) for j in range(7) for c in range(3)) / (
+            4 * 7 * 3
+        )
+        h = sum(abs(im[i, j + 1, c] - im[i, j, c]) for i in range(5) for j in range(6) for c in range(3)) / (
+            5 * 6 * 3
+        )
+        want.append(v + h)
+    assert neighbour_difference(imgs).tolist() == pytest.approx(want, rel=1e-12)
+    flat = np.full((1, 8, 8, 3), 0.4)
+    assert neighbour_difference(flat).tolist() == [0.0]

@@ -2,7 +2,10 @@
 
 Both take images as float tensors in [0, 1] (NCHW or CHW), numpy arrays (HWC/NHWC,
 uint8 or float) or PIL images, and return one number per image pair averaged over
-the batch (``reduction="mean"``) or the per-image values (``reduction="none"``).
+the batch (``reduction="mean"``), the worst image's (``"min"``), or the per-image values
+(``"none"``). :func:`psnr` also pools the squared error over the batch (``"pooled"``), as image
+benchmarks often report it. Both work on any tensor of shape (N, ...) too, e.g. latents, with
+``data_range`` per image where the images have different ranges.
 """
 
 from __future__ import annotations
@@ -25,17 +28,47 @@ def _pair(a, b):
 def _reduce(values: torch.Tensor, reduction: str):
     if reduction == "mean":
         return float(values.mean())
+    if reduction == "min":
+        return float(values.min())
     if reduction == "none":
         return values
-    raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    raise ValueError(f"reduction must be 'mean', 'min' or 'none', got {reduction!r}")
 
 
-def psnr(a, b, data_range: float = 1.0, reduction: str = "mean"):
-    """Peak signal-to-noise ratio in dB, ``10 log10(data_range^2 / MSE)``; ``inf`` for identical images."""
-    a, b = _pair(a, b)
-    mse = (a - b).pow(2).flatten(1).mean(1)
+def _range(data_range, n: int) -> torch.Tensor:
+    r = torch.as_tensor(data_range, dtype=torch.float64).flatten()
+    if r.numel() not in (1, n):
+        raise ValueError(f"data_range must be a number or one per image ({n}), got {r.numel()} values")
+    if not torch.isfinite(r).all() or (r <= 0).any():
+        raise ValueError(f"data_range must be finite and > 0, got {data_range!r}")
+    return r
+
+
+def psnr(a, b, data_range=1.0, reduction: str = "mean"):
+    """Peak signal-to-noise ratio in dB, ``10 log10(data_range^2 / MSE)``; ``inf`` for identical images.
+
+    Args:
+        a, b: images (see the module docstring), or tensors of shape (N, ...) such as latents.
+        data_range: the peak value: a number, or one per image (e.g. each reference's max - min).
+        reduction: "mean" over images, "min" (the worst image), "none" (per image), or "pooled"
+            (one PSNR of the squared error averaged over every image; needs a single data_range).
+    """
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.ndim not in (3, 4):
+        if a.shape != b.shape:
+            raise ValueError(f"tensors must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+        a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    else:
+        a, b = _pair(a, b)
+    err = (a - b).pow(2).flatten(1)
+    r = _range(data_range, a.shape[0])
+    if reduction == "pooled":
+        if r.numel() != 1:
+            raise ValueError("reduction='pooled' needs one data_range for all images")
+        mse = float(err.mean())
+        return math.inf if mse == 0 else 10 * math.log10(float(r) ** 2 / mse)
+    mse = err.mean(1)
     with torch.no_grad():
-        values = torch.where(mse == 0, torch.full_like(mse, math.inf), 10 * torch.log10(data_range**2 / mse))
+        values = torch.where(mse == 0, torch.full_like(mse, math.inf), 10 * torch.log10(r**2 / mse))
     return _reduce(values, reduction)
 
 
