@@ -36,13 +36,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from _common import env_info, write_results  # noqa: E402
 
-from fastdiff.dynamic import (  # noqa: E402
-    EarlyStop,
-    default_scheduler,
-    high_frequency_energy,
-    prompt_tier,
-    sample,
-)
+from fastdiff.dynamic import EarlyStop, sample  # noqa: E402
+from fastdiff.dynamic.auto_steps import high_frequency_energy, prompt_tier  # noqa: E402
+from fastdiff.dynamic.presets import default_scheduler  # noqa: E402
 
 REFERENCE_STEPS = 30
 EARLY_STOP_GRID = [

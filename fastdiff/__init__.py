@@ -33,7 +33,12 @@ _EXPORTS = {
     "make_scheduler": "fastdiff.samplers",
     "FastScheduler": "fastdiff.samplers",
     "fit_schedule": "fastdiff.samplers",
+    "step_cache": "fastdiff.caching",
     "sample": "fastdiff.dynamic",
+    "resume": "fastdiff.dynamic",
+    "draft_and_refine": "fastdiff.dynamic",
+    "Controller": "fastdiff.dynamic",
+    "StepPlanner": "fastdiff.dynamic",
     "SampleResult": "fastdiff.dynamic",
     "EarlyStop": "fastdiff.dynamic",
     "AutoSteps": "fastdiff.dynamic",
@@ -45,6 +50,7 @@ _EXPORTS = {
 }
 
 _SUBMODULES = (
+    "caching",
     "dynamic",
     "engines",
     "installed",
@@ -54,6 +60,7 @@ _SUBMODULES = (
     "ops",
     "pipelines",
     "samplers",
+    "sweep",  # callable: fastdiff.sweep(spec, out_dir) runs fastdiff.sweep.sweep
     "testing",
     "tiny",
 )

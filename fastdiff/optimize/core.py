@@ -44,7 +44,7 @@ def _resolve_unet(obj, action: str = "optimize") -> UNet2DConditionModel:
     unet = obj.unet
     if isinstance(unet, UNet2DConditionModel):
         return unet
-    if installed.find(obj, "engine") is not None or hasattr(unet, "fastdiff_original_unet"):
+    if installed.find(obj, "engine") is not None:
         raise TypeError(
             f"this pipeline's unet is a compiled fastdiff engine; call fastdiff.restore(pipe) before {action}"
         )
@@ -169,9 +169,6 @@ def restore(obj):
             f"fastdiff.restore supports a UNet2DConditionModel or a pipeline with a `unet`; got {type(obj).__name__}"
         )
     installed.undo_all(obj)
-    original = getattr(getattr(obj, "unet", None), "fastdiff_original_unet", None)
-    if original is not None:  # TODO(#10, merge of the engines branch): engines record themselves
-        obj.unet = original
     unet = getattr(obj, "unet", obj)
     if isinstance(unet, torch.nn.Module):
         installed.undo_all(unet)
