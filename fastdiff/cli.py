@@ -136,9 +136,9 @@ def _check_demo_only(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     known, _ = pre.parse_known_args(argv)
     if known.only is None:
         return
-    from fastdiff.demo import configs
+    from fastdiff.demo import CONFIGS
 
-    names = [c.name for c in configs()]
+    names = [c.name for c in CONFIGS]
     if not known.only:
         parser.error(f"demo --only needs at least one configuration name; valid: {', '.join(names)}")
     unknown = [n for n in known.only if n not in names]

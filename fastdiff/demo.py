@@ -144,10 +144,12 @@ CONFIGS = (
     Config("baseline", "diffusers default scheduler (PNDM), 50 steps, CFG 5", _baseline),
     Config(
         "dpmpp_2m-10",
-        "fastdiff DPM-Solver++(2M), 10 steps, Karras schedule",
-        _fast_sampler("dpmpp_2m", 10, "karras"),
+        "fastdiff DPM-Solver++(2M), 10 steps, default schedule ('auto': trailing at <= 10 steps)",
+        _fast_sampler("dpmpp_2m", 10, "auto"),
     ),
-    Config("unipc-8", "fastdiff UniPC, 8 steps, Karras schedule", _fast_sampler("unipc", 8, "karras")),
+    Config(
+        "unipc-8", "fastdiff UniPC, 8 steps, default schedule ('auto')", _fast_sampler("unipc", 8, "auto")
+    ),
     Config("lcm-draft", "LCM-distilled student, 4 steps (guidance is a U-Net input)", _lcm_draft),
     Config(
         "early-stop",
