@@ -39,11 +39,17 @@ __all__ = ["SampleState", "sample", "resume", "start", "run"]
 # ----------------------------------------------------------------------------------------------------------
 # argument checks
 # ----------------------------------------------------------------------------------------------------------
-def _check_inputs(model_fn, latents, scheduler, controller, start_step, stop_after, on_rows_retired):
+def _check_inputs(
+    model_fn, latents, scheduler, controller, start_step, stop_after, on_rows_retired, callback=None
+):
     if not callable(model_fn):
         raise TypeError(f"model_fn must be callable as model_fn(x, t), got {type(model_fn).__name__}")
     if not isinstance(latents, torch.Tensor) or latents.ndim < 2:
         raise TypeError("latents must be a torch.Tensor with a batch dimension first, e.g. (B, C, H, W)")
+    if not torch.isfinite(latents).all():
+        raise ValueError("latents contain NaN or inf; sampling would return NaN images")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable(record, x0) or None, got {callback!r}")
     check_scheduler(scheduler)
     if controller is not None and not isinstance(controller, Controller):
         raise TypeError(
@@ -172,7 +178,7 @@ def start(
     stop_after=None,
 ) -> SampleState:
     """Build the tracks of a run (and run a planner's probe); :func:`run` then advances it."""
-    _check_inputs(model_fn, latents, scheduler, controller, start_step, stop_after, on_rows_retired)
+    _check_inputs(model_fn, latents, scheduler, controller, start_step, stop_after, on_rows_retired, callback)
     batch = latents.shape[0]
     planner = num_inference_steps if isinstance(num_inference_steps, StepPlanner) else None
     counts = None if planner is not None else _steps_per_row(num_inference_steps, batch)

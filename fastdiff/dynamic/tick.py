@@ -173,6 +173,11 @@ def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, t
         pred = state.model_fn(x_in, t_arg, rows=rows)
     else:
         pred = state.model_fn(x_in, t_arg)
+    if not isinstance(pred, torch.Tensor):
+        raise TypeError(
+            f"model_fn must return a tensor shaped like its input, got {type(pred).__name__} "
+            "(for a diffusers UNet, return unet(...).sample)"
+        )
     if pred.shape != x_in.shape:
         raise ValueError(f"model_fn returned shape {tuple(pred.shape)} for input {tuple(x_in.shape)}")
     state.nfe += 1

@@ -24,7 +24,13 @@ from fastdiff.dynamic.draft import draft_and_refine
 from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.presets import default_scheduler
 from fastdiff.pipelines.capture import capture_inputs
-from fastdiff.pipelines.plan import CallPlan, check_preview_steps, plan_call
+from fastdiff.pipelines.plan import (
+    CallPlan,
+    check_call_kwargs,
+    check_output_type,
+    check_preview_steps,
+    plan_call,
+)
 from fastdiff.pipelines.records import FastdiffRecord, RefineState
 from fastdiff.pipelines.unet_calls import UNetCalls
 
@@ -45,9 +51,23 @@ class FastdiffPipelineMixin:
     # With guidance the U-Net batch is [uncond rows; cond rows], i.e. rows and rows + batch_size.
     fastdiff_on_rows_retired = None
 
+    @classmethod
+    def from_pipe(cls, pipeline, **kwargs):
+        """diffusers' ``from_pipe``, refusing anything that is not a loaded pipeline (a model id, say)."""
+        from diffusers import DiffusionPipeline
+
+        if not isinstance(pipeline, DiffusionPipeline):
+            raise TypeError(
+                f"from_pipe needs a loaded diffusers pipeline, got {type(pipeline).__name__} {pipeline!r}; "
+                "to load by model id or path use from_pretrained"
+            )
+        return super().from_pipe(pipeline, **kwargs)
+
     def __call__(
         self, *args, steps=None, early_stop=None, draft=None, preview_steps: int | None = None, **kwargs
     ):
+        self.fastdiff_record = None  # a failed call must not leave the previous call's record behind
+        check_call_kwargs(args, kwargs)
         plan = plan_call(
             args,
             kwargs,
@@ -80,6 +100,9 @@ class FastdiffPipelineMixin:
                 f"refine() needs output.fastdiff.state from a preview call, got {type(state).__name__}"
             )
         check_preview_steps(preview_steps)
+        if output_type is not None:
+            check_output_type(output_type)
+        self.fastdiff_record = None
         decode_kwargs = dict(state.decode_kwargs)
         if output_type is not None:
             decode_kwargs["output_type"] = output_type

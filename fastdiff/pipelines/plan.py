@@ -8,6 +8,7 @@ what is valid, and is raised before any model runs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fastdiff.dynamic.auto_steps import AutoSteps
@@ -15,7 +16,7 @@ from fastdiff.dynamic.controllers import EarlyStop
 from fastdiff.dynamic.draft import refine_steps
 from fastdiff.dynamic.presets import resolve_steps
 
-__all__ = ["CallPlan", "DraftSpec", "plan_call"]
+__all__ = ["CallPlan", "DraftSpec", "check_call_kwargs", "check_output_type", "plan_call"]
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 DEFAULT_STEPS = 50  # diffusers' default num_inference_steps
@@ -132,6 +133,50 @@ def check_preview_steps(preview_steps) -> None:
         raise ValueError(f"preview_steps must be an int >= 1 or None, got {preview_steps!r}")
 
 
+MAX_STEPS = 1000  # SD-family training schedules have 1000 timesteps
+
+
+def check_output_type(output_type) -> None:
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(
+            f"output_type must be one of {', '.join(map(repr, OUTPUT_TYPES))}, got {output_type!r}"
+        )
+
+
+def _positive_int(name: str, value, upper: int | None = None, multiple: int = 1) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    ok = ok and (upper is None or value <= upper) and value % multiple == 0
+    if not ok:
+        valid = f"an int >= 1{f' and <= {upper}' if upper else ''}{f', a multiple of {multiple}' if multiple > 1 else ''}"
+        raise ValueError(f"{name} must be {valid}, got {value!r}")
+
+
+def check_call_kwargs(args: tuple, kwargs: dict) -> None:
+    """Diffusers keywords that diffusers itself accepts silently or fails on obscurely, checked on both paths.
+
+    Guidance ``<= 1`` disabling classifier-free guidance is diffusers' convention and is kept.
+    """
+    prompt = args[0] if args else kwargs.get("prompt")
+    if isinstance(prompt, (list, tuple)) and (not prompt or not all(isinstance(p, str) for p in prompt)):
+        raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
+    if kwargs.get("num_images_per_prompt") is not None:
+        _positive_int("num_images_per_prompt", kwargs["num_images_per_prompt"])
+    for name in ("height", "width"):
+        if kwargs.get(name) is not None:
+            _positive_int(name, kwargs[name], multiple=8)
+    if kwargs.get("num_inference_steps") is not None:
+        _positive_int("num_inference_steps", kwargs["num_inference_steps"], upper=MAX_STEPS)
+    scale = kwargs.get("guidance_scale")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+    ):
+        raise ValueError(
+            f"guidance_scale must be a finite number (<= 1 disables classifier-free guidance), got {scale!r}"
+        )
+    if "output_type" in kwargs:
+        check_output_type(kwargs["output_type"])
+
+
 def plan_call(
     args: tuple,
     kwargs: dict,
@@ -160,10 +205,7 @@ def plan_call(
         )
     output_type = kwargs.pop("output_type", "pil")
     return_dict = kwargs.pop("return_dict", True)
-    if output_type not in OUTPUT_TYPES:
-        raise ValueError(
-            f"output_type must be one of {', '.join(map(repr, OUTPUT_TYPES))}, got {output_type!r}"
-        )
+    check_output_type(output_type)
     num_inference_steps = kwargs.pop("num_inference_steps", None)
 
     planner, use_default = None, False

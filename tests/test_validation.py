@@ -1,0 +1,81 @@
+"""Bad input to the drop-in pipelines and to `sample` fails early with the argument named (#16)."""
+
+import pytest
+import torch
+
+import fastdiff
+from fastdiff.testing import tiny_pipeline
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return fastdiff.StableDiffusionPipeline.from_pipe(tiny_pipeline("sd15"))
+
+
+@pytest.mark.parametrize("fastdiff_path", [False, True], ids=["diffusers-loop", "fastdiff-loop"])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"prompt": []}, "prompt must be a string or a non-empty list"),
+        ({"num_images_per_prompt": 0}, "num_images_per_prompt must be an int >= 1, got 0"),
+        ({"height": 0}, "height must be an int >= 1, a multiple of 8, got 0"),
+        ({"width": 60}, "width must be .* multiple of 8, got 60"),
+        ({"guidance_scale": float("nan")}, "guidance_scale must be a finite number"),
+        ({"guidance_scale": "7"}, "guidance_scale must be a finite number"),
+        ({"output_type": "jpeg"}, "output_type must be one of"),
+    ],
+)
+def test_pipeline_call_rejects_bad_keywords_before_running(pipe, monkeypatch, kwargs, match, fastdiff_path):
+    calls = []
+    monkeypatch.setattr(pipe.unet, "forward", lambda *a, **k: calls.append(1))
+    kwargs = {"prompt": "a red circle", "num_inference_steps": 2, **kwargs}
+    extra = {"early_stop": True} if fastdiff_path else {}
+    with pytest.raises(ValueError, match=match):
+        pipe(**kwargs, **extra)
+    assert calls == []  # nothing ran
+
+
+def test_pipeline_rejects_more_steps_than_the_training_schedule(pipe):
+    with pytest.raises(ValueError, match="num_inference_steps must be an int >= 1 and <= 1000, got 5000"):
+        pipe("a red circle", num_inference_steps=5000)
+
+
+def test_failed_call_clears_the_previous_record(pipe):
+    pipe("a red circle", num_inference_steps=2, output_type="latent")
+    assert pipe.fastdiff_record is not None
+    with pytest.raises(ValueError):
+        pipe("a red circle", num_inference_steps=2, height=0)
+    assert pipe.fastdiff_record is None
+
+
+def test_refine_checks_output_type(pipe):
+    out = pipe("a red circle", num_inference_steps=4, preview_steps=2, output_type="latent")
+    with pytest.raises(ValueError, match="output_type must be one of .* got 'jpeg'"):
+        pipe.refine(out.fastdiff.state, output_type="jpeg")
+
+
+def test_from_pipe_needs_a_pipeline():
+    with pytest.raises(TypeError, match="from_pipe needs a loaded diffusers pipeline, got str"):
+        fastdiff.StableDiffusionPipeline.from_pipe("model-id")
+
+
+def _sample(**kwargs):
+    kwargs.setdefault("scheduler", fastdiff.make_scheduler("dpmpp_2m"))
+    kwargs.setdefault("num_inference_steps", 3)
+    model = kwargs.pop("model", lambda x, t: x)
+    latents = kwargs.pop("latents", torch.randn(2, 4, 8, 8))
+    return fastdiff.sample(model, latents, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"latents": torch.full((1, 4, 8, 8), float("nan"))}, ValueError, "latents contain NaN or inf"),
+        ({"model": lambda x, t: (x,)}, TypeError, "model_fn must return a tensor .* got tuple"),
+        ({"callback": 5}, TypeError, "callback must be callable"),
+        ({"controller": "yes"}, TypeError, "controller must implement"),
+    ],
+)
+def test_sample_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _sample(**kwargs)
