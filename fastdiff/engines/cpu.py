@@ -13,7 +13,8 @@ Two facts decide CPU engine settings:
 from __future__ import annotations
 
 import functools
-import platform
+
+from fastdiff._compat import cpu_model  # noqa: F401 - re-exported for benchmarks/engines_cpu.py
 
 
 @functools.cache
@@ -27,17 +28,6 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def has_vnni(flags: frozenset[str] | None = None) -> bool:
