@@ -79,3 +79,35 @@ def _sample(**kwargs):
 def test_sample_rejects_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         _sample(**kwargs)
+
+
+def test_draft_pipeline_without_an_lcm_scheduler_fails_before_running(pipe, monkeypatch):
+    other = tiny_pipeline("sd15", seed=1)  # a PNDM/DDIM-scheduled pipeline, not an LCM
+    calls = []
+    monkeypatch.setattr(pipe.unet, "forward", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(other.unet, "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(
+        ValueError, match=f"draft model .* {type(other.scheduler).__name__} scheduler.*LCMScheduler"
+    ):
+        pipe("a red circle", num_inference_steps=4, draft={"model": other})
+    other.scheduler = fastdiff.make_scheduler("dpmpp_2m", like=other.scheduler)
+    with pytest.raises(ValueError, match=r"draft model .* FastScheduler\(sampler='dpmpp_2m'\)"):
+        pipe("a red circle", num_inference_steps=4, draft=(other, 0.5))
+    assert calls == []
+
+
+@pytest.mark.parametrize("scheduler", ["diffusers", "fastdiff"])
+def test_draft_pipeline_with_an_lcm_scheduler_runs(pipe, scheduler):
+    from diffusers import LCMScheduler
+
+    draft = tiny_pipeline("sd15", seed=1)
+    draft.scheduler = (
+        LCMScheduler.from_config(draft.scheduler.config)
+        if scheduler == "diffusers"
+        else fastdiff.make_scheduler("lcm", like=draft.scheduler)
+    )
+    out = pipe(
+        "a red circle", num_inference_steps=4, draft={"model": draft, "steps": 2}, output_type="latent"
+    )
+    rec = out.fastdiff
+    assert rec.nfe == 2 + rec.steps[0] and "2 LCM step(s)" in rec.reason

@@ -54,6 +54,8 @@ class DraftSpec:
                 "draft model must be an LCM pipeline or an LCM UNet2DConditionModel, "
                 f"got {type(spec.model).__name__}"
             )
+        if _is_pipeline(spec.model):
+            _check_lcm_scheduler(spec.model)
         strength = spec.strength
         if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0.0 < strength <= 1.0:
             raise ValueError(f"draft strength must be in (0, 1], got {strength!r}")
@@ -94,6 +96,27 @@ def _is_pipeline(obj) -> bool:
     from diffusers import DiffusionPipeline
 
     return isinstance(obj, DiffusionPipeline)
+
+
+def _check_lcm_scheduler(draft_pipe) -> None:
+    """A draft pipeline must sample with LCM: its own scheduler would run while the record says "LCM steps"."""
+    from diffusers import LCMScheduler
+
+    from fastdiff.samplers.scheduler import FastScheduler
+
+    scheduler = getattr(draft_pipe, "scheduler", None)
+    if isinstance(scheduler, LCMScheduler):
+        return
+    if isinstance(scheduler, FastScheduler) and scheduler.config.sampler == "lcm":
+        return
+    name = type(scheduler).__name__
+    if isinstance(scheduler, FastScheduler):
+        name += f"(sampler={scheduler.config.sampler!r})"
+    raise ValueError(
+        f"draft model {type(draft_pipe).__name__} has a {name} scheduler; a draft pipeline must sample "
+        "with diffusers' LCMScheduler or fastdiff.make_scheduler('lcm') (set draft_pipe.scheduler), "
+        "or pass its LCM U-Net as draft={'model': unet} to use an LCMScheduler built from this pipeline's"
+    )
 
 
 def _is_unet(obj) -> bool:
