@@ -1,5 +1,6 @@
 """Bad input to the drop-in pipelines and to `sample` fails early with the argument named (#16)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,3 +112,49 @@ def test_draft_pipeline_with_an_lcm_scheduler_runs(pipe, scheduler):
     )
     rec = out.fastdiff
     assert rec.nfe == 2 + rec.steps[0] and "2 LCM step(s)" in rec.reason
+
+
+def _preview(p, **kwargs):
+    gen = torch.Generator().manual_seed(0)
+    return p(
+        "a red circle", num_inference_steps=4, preview_steps=2, output_type="np", generator=gen, **kwargs
+    )
+
+
+@pytest.mark.parametrize("other", ["another pipeline", "from_pipe sharing components"])
+def test_refine_by_another_pipeline_raises(pipe, other):
+    state = _preview(pipe).fastdiff.state
+    if other == "another pipeline":
+        refiner = fastdiff.StableDiffusionPipeline.from_pipe(tiny_pipeline("sd15", seed=1))
+    else:
+        refiner = fastdiff.StableDiffusionPipeline.from_pipe(pipe)
+    with pytest.raises(
+        ValueError, match=r"refine\(state\): the state was made by StableDiffusionPipeline at"
+    ):
+        refiner.refine(state)
+
+
+@pytest.mark.parametrize("component", ["unet", "vae"])
+def test_refine_after_swapping_a_component_raises(component):
+    p = fastdiff.StableDiffusionPipeline.from_pipe(tiny_pipeline("sd15"))
+    state = _preview(p).fastdiff.state
+    setattr(p, component, getattr(tiny_pipeline("sd15", seed=1), component))
+    with pytest.raises(ValueError, match=f"refine\\(state\\): this pipeline's {component} was replaced"):
+        p.refine(state)
+
+
+def test_refine_by_its_own_pipeline_twice_is_unchanged(pipe):
+    kw = dict(guidance_scale=4.0)
+    state = _preview(pipe, **kw).fastdiff.state
+    a, b = pipe.refine(state), pipe.refine(state)
+    np.testing.assert_array_equal(a.images, b.images)
+    full = pipe(
+        "a red circle",
+        num_inference_steps=4,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+        **kw,
+    )
+    np.testing.assert_allclose(a.images, full.images, atol=1e-5)
+    chained = pipe.refine(pipe.refine(state, preview_steps=1).fastdiff.state)  # a refine's own preview
+    np.testing.assert_array_equal(chained.images, a.images)

@@ -31,7 +31,7 @@ from fastdiff.pipelines.plan import (
     check_preview_steps,
     plan_call,
 )
-from fastdiff.pipelines.records import FastdiffRecord, RefineState
+from fastdiff.pipelines.records import FastdiffRecord, Producer, RefineState
 from fastdiff.pipelines.unet_calls import UNetCalls
 
 __all__ = ["FastdiffPipelineMixin"]
@@ -93,16 +93,20 @@ class FastdiffPipelineMixin:
 
         ``state`` is not changed: refining the same preview again gives the same result. ``preview_steps``
         pauses again after that many more steps (another preview, with its own state). ``output_type`` and
-        ``return_dict`` default to those of the original call.
+        ``return_dict`` default to those of the original call. Only the pipeline that made the preview,
+        with the same U-Net and VAE, may refine it (ValueError otherwise).
         """
+        self.fastdiff_record = None  # a failed refine must not leave the previous call's record behind
         if not isinstance(state, RefineState):
             raise TypeError(
                 f"refine() needs output.fastdiff.state from a preview call, got {type(state).__name__}"
             )
+        state.check_refiner(self)
         check_preview_steps(preview_steps)
         if output_type is not None:
             check_output_type(output_type)
-        self.fastdiff_record = None
+        if return_dict is not None and not isinstance(return_dict, bool):
+            raise TypeError(f"return_dict must be True, False or None, got {return_dict!r}")
         decode_kwargs = dict(state.decode_kwargs)
         if output_type is not None:
             decode_kwargs["output_type"] = output_type
@@ -114,7 +118,14 @@ class FastdiffPipelineMixin:
         record = copy.copy(state.record)
         record.timings = dict(record.timings)
         record.timings["denoise"] = record.timings.get("denoise", 0.0) + time.perf_counter() - t0
-        return self._fastdiff_finish(result, record, decode_kwargs)
+        return self._fastdiff_stamp(self._fastdiff_finish(result, record, decode_kwargs))
+
+    def _fastdiff_stamp(self, output):
+        """Mark a preview's state as made by this pipeline (see :meth:`RefineState.check_refiner`)."""
+        state = self.fastdiff_record.state
+        if state is not None:
+            state.producer = Producer.of(self)
+        return output
 
     # ------------------------------------------------------------------ the two paths
     def _fastdiff_passthrough(self, args, kwargs):
@@ -189,7 +200,7 @@ class FastdiffPipelineMixin:
             "return_dict": plan.return_dict,
             "generator": plan.generator,
         }
-        return self._fastdiff_finish(result, record, decode_kwargs)
+        return self._fastdiff_stamp(self._fastdiff_finish(result, record, decode_kwargs))
 
     def _fastdiff_finish(self, result, record: FastdiffRecord, decode_kwargs: dict):
         t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from fastdiff.dynamic.records import StepRecord, trace_table
 from fastdiff.dynamic.tick import SampleState
 
-__all__ = ["FastdiffRecord", "RefineState"]
+__all__ = ["FastdiffRecord", "Producer", "RefineState"]
 
 
 @dataclass
@@ -45,8 +46,52 @@ class FastdiffRecord:
 class RefineState:
     """A paused pipeline run: pass to ``pipe.refine(state)`` to continue to the final image.
 
-    A snapshot: refining it never changes it, so the same preview can be refined again (or differently)."""
+    A snapshot: refining it never changes it, so the same preview can be refined again (or differently).
+    ``producer`` identifies the pipeline (and its U-Net and VAE) that made the preview: the paused run
+    holds that U-Net and the final image is decoded with the refining pipeline's VAE, so only the same
+    pipeline, with the same components, may refine it."""
 
     sample_state: SampleState
     decode_kwargs: dict
     record: FastdiffRecord
+    producer: Producer | None = None
+
+    def check_refiner(self, pipe) -> None:
+        """Raise ValueError unless ``pipe`` is the pipeline, with the same U-Net and VAE, that made this state."""
+        if self.producer is None:
+            return
+        problem = self.producer.mismatch(pipe)
+        if problem is not None:
+            raise ValueError(
+                f"refine(state): {problem}; a preview can only be refined by the pipeline that made it "
+                "(its paused run holds that pipeline's U-Net and conditioning). Refine with that pipeline, "
+                "or start a new call on this one"
+            )
+
+
+@dataclass(frozen=True)
+class Producer:
+    """Weak references to the pipeline that made a preview and to its U-Net and VAE at that time."""
+
+    pipe: weakref.ref
+    unet: weakref.ref
+    vae: weakref.ref
+
+    @classmethod
+    def of(cls, pipe) -> Producer:
+        return cls(weakref.ref(pipe), weakref.ref(pipe.unet), weakref.ref(pipe.vae))
+
+    def mismatch(self, pipe) -> str | None:
+        """None if ``pipe`` is the producer with the same components, else what differs."""
+        made_by = self.pipe()
+        if made_by is not pipe:
+            made = (
+                "a pipeline that no longer exists"
+                if made_by is None
+                else f"{type(made_by).__name__} at {id(made_by):#x}"
+            )
+            return f"the state was made by {made}, not by this {type(pipe).__name__} at {id(pipe):#x}"
+        for name in ("unet", "vae"):
+            if getattr(self, name)() is not getattr(pipe, name):
+                return f"this pipeline's {name} was replaced after the preview was made"
+        return None
