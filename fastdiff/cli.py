@@ -129,6 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def writable_dir(path: str, option: str) -> str | None:
+    """Create folder ``path`` and test-write a file in it; None if that worked, else why not (naming ``option``).
+
+    Output folders are checked this way before any generation, so an unwritable ``--out`` fails in a second
+    instead of after minutes of work."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".fastdiff-write-test-"):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        return (
+            f"{option} {path!r} is not a writable folder ({reason}); "
+            "pass a folder you can create and write, e.g. --out ./fastdiff-out"
+        )
+    return None
+
+
 def _check_demo_only(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """``--only`` with no names, or with a name no configuration has, fails before any generation."""
     pre = argparse.ArgumentParser(add_help=False)
@@ -152,9 +172,16 @@ def _sweep(parser: argparse.ArgumentParser, args) -> int:
     from fastdiff.sweep import SpecError, collate, parse_spec, sweep
 
     out = args.out or str(Path("sweep-out") / Path(args.spec).stem)
+
+    def check_out() -> None:  # after the spec is known good (a bad spec creates no folder), before any run
+        problem = writable_dir(out, "--out")
+        if problem is not None:
+            parser.error(problem)
+
     if args.collate_only:
         if not (Path(out) / "sweep.json").exists():
             parser.error(f"--collate-only: {out} holds no sweep (no sweep.json)")
+        check_out()
         result = collate(out)
     else:
         try:
@@ -171,6 +198,7 @@ def _sweep(parser: argparse.ArgumentParser, args) -> int:
                 f"{len(spec.seeds)} seeds = {n} items -> {out}"
             )
             return 0
+        check_out()
         try:
             result = sweep(args.spec, out, extend=args.extend, progress=not args.no_progress)
         except SpecError as e:

@@ -281,6 +281,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", nargs="*", help="configuration names to run (baseline always runs)")
     args = p.parse_args(argv)
+    from fastdiff.cli import writable_dir
+
+    problem = writable_dir(args.out, "--out")
+    if problem is not None:
+        p.error(problem)  # before any generation
     prompts = args.prompts or (list(DEFAULT_PROMPTS[:1]) if args.quick else list(DEFAULT_PROMPTS))
     rows = run_demo(prompts, args.out, quick=args.quick, seed=args.seed, only=args.only)
     with open(os.path.join(args.out, "demo.md")) as f:

@@ -158,3 +158,27 @@ def test_refine_by_its_own_pipeline_twice_is_unchanged(pipe):
     np.testing.assert_allclose(a.images, full.images, atol=1e-5)
     chained = pipe.refine(pipe.refine(state, preview_steps=1).fastdiff.state)  # a refine's own preview
     np.testing.assert_array_equal(chained.images, a.images)
+
+
+@pytest.mark.parametrize("command", ["demo", "demo --quick", "sweep"])
+@pytest.mark.parametrize("where", ["under a file", "/proc"])
+def test_cli_unwritable_out_fails_before_any_work(tmp_path, monkeypatch, capsys, command, where):
+    import json
+
+    import fastdiff.sweep
+    from fastdiff import cli, demo
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = str(blocker / "out") if where == "under a file" else "/proc/fastdiff-forbidden"
+    monkeypatch.setattr(demo, "run_demo", lambda *a, **k: pytest.fail("generation started"))
+    monkeypatch.setattr(fastdiff.sweep, "sweep", lambda *a, **k: pytest.fail("sweep started"))
+    argv = command.split()
+    if command == "sweep":
+        spec = {"pipeline": "fastdiff-tiny", "prompts": ["a red circle"], "configs": [{"name": "ref"}]}
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        argv.append(str(tmp_path / "spec.json"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--out", out])
+    assert exit_info.value.code == 2
+    assert f"--out {out!r} is not a writable folder" in capsys.readouterr().err
