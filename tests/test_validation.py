@@ -182,3 +182,202 @@ def test_cli_unwritable_out_fails_before_any_work(tmp_path, monkeypatch, capsys,
         cli.main([*argv, "--out", out])
     assert exit_info.value.code == 2
     assert f"--out {out!r} is not a writable folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- objects stay as they were after an error
+class _Boom(Exception):
+    pass
+
+
+def _raise_at_call(module, n: int, exc=_Boom):
+    """A forward pre-hook on ``module`` that raises ``exc`` at its ``n``-th call (1-based); returns the handle."""
+    count = [0]
+
+    def hook(*_):
+        count[0] += 1
+        if count[0] == n:
+            raise exc(f"injected failure at U-Net call {n}")
+
+    return module.register_forward_pre_hook(hook)
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"attention": "xformers"}, Exception),  # not usable on CPU: AttentionBackendError
+        ({"tolerance": "1e-3"}, ValueError),
+        ({"extra": {"bogus_pass": 1}}, ValueError),
+        ({"verify": "no"}, ValueError),
+        ({"config": "fast"}, TypeError),
+        ({"bogus": 1}, TypeError),
+        ({"fail_in": "attention"}, _Boom),  # a pass failing half-way, after the earlier one was undone
+        ({"fail_in": "winograd"}, _Boom),
+    ],
+    ids=lambda v: str(v) if not isinstance(v, type) else "",
+)
+def test_failed_optimize_leaves_the_earlier_optimisation_in_place(monkeypatch, bad, error):
+    from fastdiff.optimize import passes_kernels
+    from fastdiff.optimize.passes import AttentionPass
+    from fastdiff.testing.snapshot import differences, snapshot, unet_output
+
+    p = tiny_pipeline("sd15")
+    fastdiff.optimize(p)
+    before, out, statuses = snapshot(p), unet_output(p.unet), _statuses(fastdiff.report(p))
+    bad = dict(bad)
+    fail_in = bad.pop("fail_in", None)
+    if fail_in is not None:
+        cls = AttentionPass if fail_in == "attention" else passes_kernels.WinogradPass
+        original = cls.apply
+
+        failed = []
+
+        def half_then_fail(self, unet, config, ctx):
+            original(self, unet, config, ctx)  # every module edited, then the pass fails (once)
+            if not failed:
+                failed.append(1)
+                raise _Boom(f"{fail_in} failed")
+
+        monkeypatch.setattr(cls, "apply", half_then_fail)
+        bad = {"winograd": True}  # a different configuration, so the earlier one is undone first
+    with pytest.raises(error):
+        fastdiff.optimize(p, **bad)
+    assert differences(before, snapshot(p)) == []
+    assert torch.equal(unet_output(p.unet), out)
+    assert _statuses(fastdiff.report(p)) == statuses
+
+
+def test_optimize_says_so_when_the_earlier_optimisation_cannot_be_put_back(monkeypatch):
+    from fastdiff.optimize.passes import AttentionPass
+    from fastdiff.testing.snapshot import unet_output
+
+    p = tiny_pipeline("sd15")
+    plain = unet_output(p.unet)
+    fastdiff.optimize(p)
+
+    def always_fail(self, unet, config, ctx):
+        raise _Boom("attention failed")
+
+    monkeypatch.setattr(AttentionPass, "apply", always_fail)
+    with pytest.raises(
+        RuntimeError, match="re-applying the earlier optimisation failed too.*now unoptimised"
+    ):
+        fastdiff.optimize(p, winograd=True)
+    assert fastdiff.report(p).passes[0].status == "not applied"
+    assert torch.equal(unet_output(p.unet), plain)
+
+
+def _statuses(report):
+    return [(r.name, r.status, list(r.changed)) for r in report.passes]
+
+
+def _guarded_pipe(optimized: bool):
+    p = fastdiff.StableDiffusionPipeline.from_pipe(tiny_pipeline("sd15"))
+    if optimized:
+        fastdiff.optimize(p)  # so that fastdiff.installed holds a record to compare
+    return p
+
+
+_CALL = dict(prompt="a red circle", guidance_scale=4.0, output_type="np")
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["diffusers loop", "steps preset", "early_stop", "preview", "KeyboardInterrupt"],
+)
+@pytest.mark.parametrize("optimized", [False, True], ids=["plain", "optimized"])
+def test_a_call_failing_mid_sampling_leaves_the_pipeline_as_it_was(path, optimized):
+    from fastdiff.testing.snapshot import differences, snapshot
+
+    p = _guarded_pipe(optimized)
+    p(**_CALL, num_inference_steps=2)  # a successful call first: its record must be cleared by the failure
+    before = snapshot(p)
+    kwargs = {
+        "diffusers loop": dict(num_inference_steps=5),
+        "steps preset": dict(steps="fast"),
+        "early_stop": dict(num_inference_steps=5, early_stop=True),
+        "preview": dict(num_inference_steps=5, preview_steps=4),
+        "KeyboardInterrupt": dict(steps=5),
+    }[path]
+    exc = KeyboardInterrupt if path == "KeyboardInterrupt" else _Boom
+    handle = _raise_at_call(p.unet, 3, exc)
+    try:
+        with pytest.raises(exc, match="injected failure at U-Net call 3"):
+            p(**_CALL, generator=torch.Generator().manual_seed(0), **kwargs)
+    finally:
+        handle.remove()
+    assert differences(before, snapshot(p)) == []
+    assert p.fastdiff_record is None
+    # and the next call is bit-for-bit what a fresh pipeline gives
+    fresh = _guarded_pipe(optimized)
+    kw = dict(**_CALL, num_inference_steps=3, generator=torch.Generator().manual_seed(0))
+    again = p(**kw).images
+    kw["generator"] = torch.Generator().manual_seed(0)
+    np.testing.assert_array_equal(again, fresh(**kw).images)
+
+
+def test_a_raising_callback_leaves_the_pipeline_as_it_was():
+    from fastdiff.testing.snapshot import differences, snapshot
+
+    p = _guarded_pipe(True)
+    p(**_CALL, num_inference_steps=2)
+    before = snapshot(p)
+
+    def callback(pipe, step, t, kwargs):
+        if step == 2:
+            raise _Boom("callback failed at step 2")
+        return kwargs
+
+    with pytest.raises(_Boom):
+        p(**_CALL, num_inference_steps=5, callback_on_step_end=callback)
+    assert differences(before, snapshot(p)) == []
+    assert p.fastdiff_record is None
+
+
+@pytest.mark.parametrize("fail_at", [1, 2])
+def test_a_failing_refine_leaves_the_preview_usable_and_unchanged(pipe, fail_at):
+    from fastdiff.testing.snapshot import differences, snapshot
+
+    kw = dict(guidance_scale=4.0)
+    state = _preview(pipe, **kw).fastdiff.state
+    reference = pipe.refine(state).images  # refining a snapshot never changes it (tested elsewhere)
+    before = snapshot(pipe)
+    handle = _raise_at_call(pipe.unet, fail_at)
+    try:
+        with pytest.raises(_Boom):
+            pipe.refine(state)
+    finally:
+        handle.remove()
+    assert pipe.fastdiff_record is None
+    assert differences(before, snapshot(pipe)) == []
+    np.testing.assert_array_equal(pipe.refine(state).images, reference)
+    fresh = _preview(pipe, **kw).fastdiff.state  # a fresh copy of the same preview
+    np.testing.assert_array_equal(pipe.refine(fresh).images, reference)
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"backend": "bogus"}, ValueError),
+        ({"precision": "int4"}, ValueError),
+        ({"precision": "int8"}, ValueError),  # no calibration
+        ({"calibration": "records.safetensors"}, TypeError),
+        ({"gate": {"min_snr_db": 1e9}}, Exception),  # a real fp32 build refused by the quality gate
+    ],
+    ids=lambda v: str(v) if not isinstance(v, type) else "",
+)
+def test_a_failed_compile_engine_leaves_the_unet_as_it_was(tmp_path, bad, error):
+    pytest.importorskip("onnxruntime")
+    from fastdiff.engines import GateConfig, compile_engine
+    from fastdiff.testing.snapshot import differences, snapshot, unet_output
+
+    p = tiny_pipeline("sd15")
+    fastdiff.optimize(p)  # an earlier change that must survive too
+    unet, before, out = p.unet, snapshot(p), unet_output(p.unet)
+    bad = dict(bad)
+    if "gate" in bad:
+        bad["gate"] = GateConfig(**bad["gate"])
+    with pytest.raises(error):
+        compile_engine(p, cache_dir=tmp_path, **bad)
+    assert p.unet is unet
+    assert differences(before, snapshot(p)) == []
+    assert torch.equal(unet_output(p.unet), out)

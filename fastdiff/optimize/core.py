@@ -94,9 +94,17 @@ def optimize(obj, config: OptimizeConfig | None = None, **overrides):
         installed.undo_all(unet, "optimize")
     try:
         _apply(unet, config, passes)
-    except Exception:
+    except Exception as err:
         if previous is not None:  # put the earlier optimisation back, as promised above
-            _apply(unet, previous.report.config, default_passes())
+            try:
+                _apply(unet, previous.report.config, default_passes())
+            except Exception as again:
+                # _apply undoes its own partial work, so the U-Net is the original one: say so, loudly
+                raise RuntimeError(
+                    f"optimize failed ({type(err).__name__}: {err}) and re-applying the earlier optimisation "
+                    f"failed too ({type(again).__name__}: {again}); the U-Net is now unoptimised, as after "
+                    "fastdiff.restore"
+                ) from err
         raise
     return obj
 

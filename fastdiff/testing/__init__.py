@@ -12,6 +12,9 @@ _EXPORTS = {
     "tiny_pipeline": "fastdiff.testing.pipelines",
     "unet_probe_inputs": "fastdiff.testing.probe",
     "build_clip_tokenizer": "fastdiff.testing.tokenizer",
+    "snapshot": "fastdiff.testing.snapshot",
+    "differences": "fastdiff.testing.snapshot",
+    "unet_output": "fastdiff.testing.snapshot",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = _lazy.attach(__name__, globals(), _EXPORTS)
