@@ -381,3 +381,51 @@ def test_a_failed_compile_engine_leaves_the_unet_as_it_was(tmp_path, bad, error)
     assert p.unet is unet
     assert differences(before, snapshot(p)) == []
     assert torch.equal(unet_output(p.unet), out)
+
+
+@pytest.mark.parametrize(
+    "scheduler, kwargs, match",
+    [
+        ("own", {"num_inference_steps": 2}, "eta=0.5 would be ignored: .* PNDMScheduler, takes no eta"),
+        ("own", {"steps": "fast"}, r"eta=0.5 would be ignored: .* FastScheduler\(sampler='dpmpp_2m'\)"),
+        ("dpmpp_2m", {"num_inference_steps": 2}, r"FastScheduler\(sampler='dpmpp_2m'\).*make_scheduler"),
+        ("ddim", {"num_inference_steps": 2, "early_stop": True}, r"FastScheduler\(sampler='ddim'\)"),
+    ],
+)
+def test_eta_that_the_running_scheduler_would_drop_raises(scheduler, kwargs, match):
+    p = fastdiff.StableDiffusionPipeline.from_pipe(tiny_pipeline("sd15"))
+    assert type(p.scheduler).__name__ == "PNDMScheduler"
+    if scheduler != "own":
+        p.scheduler = fastdiff.make_scheduler(scheduler, like=p.scheduler)
+    with pytest.raises(ValueError, match=match):
+        p("a red circle", eta=0.5, **kwargs)
+
+
+@pytest.mark.parametrize("eta", [float("nan"), -0.1, "0.5", True])
+def test_eta_must_be_a_finite_non_negative_number(pipe, eta):
+    with pytest.raises(ValueError, match=f"eta must be a finite number >= 0 .*got {eta!r}"):
+        pipe("a red circle", num_inference_steps=2, eta=eta)
+
+
+def test_eta_reaches_a_ddim_scheduler(pipe):
+    from diffusers import DDIMScheduler
+
+    p = fastdiff.StableDiffusionPipeline.from_pipe(pipe)
+    p.scheduler = DDIMScheduler.from_config(p.scheduler.config)
+    kw = dict(prompt="a red circle", num_inference_steps=3, output_type="latent")
+    runs = [p(**kw, eta=eta, generator=torch.Generator().manual_seed(0)).images for eta in (0.0, 1.0)]
+    assert not torch.equal(*runs)  # eta was used, not dropped
+
+
+def test_conventions_kept_from_diffusers_are_documented():
+    doc = fastdiff.StableDiffusionPipeline.__call__.__doc__
+    for phrase in (
+        "guidance_scale <= 1",
+        "disables classifier-free guidance",
+        "height",
+        "strength",
+        "prompt-major",
+        'output_type="latent"',
+        "eta",
+    ):
+        assert phrase in doc, phrase

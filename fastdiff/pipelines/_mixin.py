@@ -27,6 +27,7 @@ from fastdiff.pipelines.capture import capture_inputs
 from fastdiff.pipelines.plan import (
     CallPlan,
     check_call_kwargs,
+    check_eta,
     check_output_type,
     check_preview_steps,
     plan_call,
@@ -66,6 +67,26 @@ class FastdiffPipelineMixin:
     def __call__(
         self, *args, steps=None, early_stop=None, draft=None, preview_steps: int | None = None, **kwargs
     ):
+        """diffusers' ``__call__`` with fastdiff's keywords (see the class docstring for ``steps``,
+        ``early_stop``, ``draft`` and ``preview_steps``). Every argument is checked before any model runs;
+        a failed call leaves the pipeline as it was and ``fastdiff_record`` None.
+
+        Conventions kept from diffusers on purpose (documented here instead of raising):
+
+        * ``guidance_scale <= 1`` disables classifier-free guidance: one U-Net evaluation per step and
+          ``negative_prompt`` unused. An LCM U-Net with ``time_cond_proj_dim`` takes the scale as an input.
+        * ``height``/``width`` None means the U-Net's ``sample_size`` times the VAE's scale factor.
+        * img2img runs the last ``int(num_inference_steps * strength)`` steps of the schedule; ``steps=``
+          counts the full schedule the same way.
+        * ``num_images_per_prompt`` copies are laid out prompt-major.
+        * ``output_type="latent"`` returns the latents undecoded and skips the safety checker.
+        * ``steps`` presets and ``"auto"`` run fastdiff's default sampler for that call only;
+          ``pipe.scheduler`` runs otherwise and is never changed.
+
+        Departures from diffusers: ``eta`` other than 0 raises where the scheduler that runs would drop
+        it; empty prompt lists, non-positive sizes and counts, non-finite guidance and more than 1000
+        steps raise instead of failing late or silently.
+        """
         self.fastdiff_record = None  # a failed call must not leave the previous call's record behind
         check_call_kwargs(args, kwargs)
         plan = plan_call(
@@ -77,9 +98,11 @@ class FastdiffPipelineMixin:
             preview_steps=preview_steps,
             text_to_image=self._fastdiff_text_to_image,
         )
+        runs = default_scheduler(like=self.scheduler) if plan and plan.use_default_sampler else self.scheduler
+        check_eta(kwargs, runs)
         if plan is None:
             return self._fastdiff_passthrough(args, kwargs)
-        return self._fastdiff_run(plan)
+        return self._fastdiff_run(plan, runs)
 
     def refine(
         self,
@@ -147,8 +170,7 @@ class FastdiffPipelineMixin:
         )
         return self._fastdiff_attach(output, record)
 
-    def _fastdiff_run(self, plan: CallPlan):
-        scheduler = default_scheduler(like=self.scheduler) if plan.use_default_sampler else self.scheduler
+    def _fastdiff_run(self, plan: CallPlan, scheduler):
         main = capture_inputs(self, plan.args, plan.kwargs, plan.num_inference_steps, scheduler)
         timings = {"prepare": main.seconds}
         options = dict(

@@ -16,7 +16,7 @@ from fastdiff.dynamic.controllers import EarlyStop
 from fastdiff.dynamic.draft import refine_steps
 from fastdiff.dynamic.presets import resolve_steps
 
-__all__ = ["CallPlan", "DraftSpec", "check_call_kwargs", "check_output_type", "plan_call"]
+__all__ = ["CallPlan", "DraftSpec", "check_call_kwargs", "check_eta", "check_output_type", "plan_call"]
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 DEFAULT_STEPS = 50  # diffusers' default num_inference_steps
@@ -198,6 +198,36 @@ def check_call_kwargs(args: tuple, kwargs: dict) -> None:
         )
     if "output_type" in kwargs:
         check_output_type(kwargs["output_type"])
+
+
+def check_eta(kwargs: dict, scheduler) -> None:
+    """``eta`` must be a finite number >= 0, and not 0 only where the scheduler that runs takes it per call.
+
+    diffusers drops ``eta`` silently for schedulers whose ``step()`` has no such argument; a sweep over eta
+    would then report identical images, so fastdiff raises instead."""
+    import inspect
+
+    eta = kwargs.get("eta")
+    if eta is None:
+        return
+    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta < 0:
+        raise ValueError(f"eta must be a finite number >= 0 (0: deterministic DDIM), got {eta!r}")
+    if eta == 0:
+        return
+    params = inspect.signature(type(scheduler).step).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "eta" not in params and not takes_kwargs:
+        from fastdiff.samplers.scheduler import FastScheduler
+
+        name = type(scheduler).__name__
+        hint = "use a DDIMScheduler or DDPM-type scheduler that takes eta"
+        if isinstance(scheduler, FastScheduler):
+            name += f"(sampler={scheduler.config.sampler!r})"
+            hint = "fastdiff samplers take eta when made: fastdiff.make_scheduler('ddim', eta=...)"
+        raise ValueError(
+            f"eta={eta!r} would be ignored: the scheduler this call runs, {name}, takes no eta per step "
+            f"(steps= presets and 'auto' run fastdiff's default sampler); {hint}, or leave eta unset"
+        )
 
 
 def plan_call(

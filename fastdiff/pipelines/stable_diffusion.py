@@ -40,7 +40,9 @@ class StableDiffusionPipeline(FastdiffPipelineMixin, _SDDecode, _DiffusersText2I
         preview_steps: stop after k steps; ``output.images`` is the x0 preview and
             ``output.fastdiff.state`` resumes with :meth:`refine`.
 
-    The output has a ``fastdiff`` attribute (:class:`~fastdiff.pipelines.FastdiffRecord`).
+    The output has a ``fastdiff`` attribute (:class:`~fastdiff.pipelines.FastdiffRecord`). Conventions kept
+    from diffusers (``guidance_scale <= 1`` disables classifier-free guidance, default sizes, img2img
+    strength) are listed in ``__call__``'s docstring.
     """
 
 
