@@ -24,6 +24,9 @@ def pipe():
         ({"guidance_scale": float("nan")}, "guidance_scale must be a finite number"),
         ({"guidance_scale": "7"}, "guidance_scale must be a finite number"),
         ({"output_type": "jpeg"}, "output_type must be one of"),
+        ({"guidance_rescale": float("nan")}, r"guidance_rescale must be a number in \[0, 1\]"),
+        ({"guidance_rescale": 1.5}, r"guidance_rescale must be a number in \[0, 1\]"),
+        ({"eta": float("nan")}, "eta must be a finite number"),
     ],
 )
 def test_pipeline_call_rejects_bad_keywords_before_running(pipe, monkeypatch, kwargs, match, fastdiff_path):
@@ -34,6 +37,16 @@ def test_pipeline_call_rejects_bad_keywords_before_running(pipe, monkeypatch, kw
     with pytest.raises(ValueError, match=match):
         pipe(**kwargs, **extra)
     assert calls == []  # nothing ran
+
+
+@pytest.mark.parametrize("fastdiff_path", [False, True], ids=["diffusers-loop", "fastdiff-loop"])
+def test_return_dict_must_be_a_bool(pipe, fastdiff_path):
+    extra = {"early_stop": True} if fastdiff_path else {}
+    with pytest.raises(TypeError, match="return_dict must be True or False, got 'no'"):
+        pipe("a red circle", num_inference_steps=2, return_dict="no", **extra)
+    state = _preview(pipe).fastdiff.state
+    with pytest.raises(TypeError, match="return_dict must be True, False or None, got 0"):
+        pipe.refine(state, return_dict=0)
 
 
 def test_pipeline_rejects_more_steps_than_the_training_schedule(pipe):

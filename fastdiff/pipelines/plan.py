@@ -196,6 +196,13 @@ def check_call_kwargs(args: tuple, kwargs: dict) -> None:
         raise ValueError(
             f"guidance_scale must be a finite number (<= 1 disables classifier-free guidance), got {scale!r}"
         )
+    rescale = kwargs.get("guidance_rescale")
+    if rescale is not None and (
+        isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0.0 <= rescale <= 1.0
+    ):
+        raise ValueError(f"guidance_rescale must be a number in [0, 1] (0: off), got {rescale!r}")
+    if "return_dict" in kwargs and not isinstance(kwargs["return_dict"], bool):
+        raise TypeError(f"return_dict must be True or False, got {kwargs['return_dict']!r}")
     if "output_type" in kwargs:
         check_output_type(kwargs["output_type"])
 
