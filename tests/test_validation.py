@@ -442,3 +442,44 @@ def test_conventions_kept_from_diffusers_are_documented():
         "eta",
     ):
         assert phrase in doc, phrase
+
+
+@pytest.mark.parametrize("fastdiff_path", [False, True], ids=["diffusers-loop", "fastdiff-loop"])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (
+            {"generator": "seed"},
+            TypeError,
+            "generator must be a torch.Generator, a list of them .* got 'seed'",
+        ),
+        ({"generator": [1]}, TypeError, "generator must be a torch.Generator"),
+        ({"callback_on_step_end": 5}, TypeError, "callback_on_step_end must be callable or None, got 5"),
+        (
+            {"latents": torch.randn(1, 4, 3, 3)},
+            ValueError,
+            r"latents must have shape \(1, 4, 16, 16\) .* got \(1, 4, 3, 3\)",
+        ),
+        ({"latents": torch.randn(2, 4, 16, 16)}, ValueError, r"latents must have shape \(1, 4, 16, 16\)"),
+        ({"latents": torch.full((1, 4, 16, 16), float("nan"))}, ValueError, "latents contain NaN or inf"),
+        ({"latents": [[0.0]]}, TypeError, "latents must be a torch.Tensor or None, got list"),
+    ],
+)
+def test_pipeline_call_rejects_bad_objects_before_running(
+    pipe, monkeypatch, kwargs, error, match, fastdiff_path
+):
+    calls = []
+    monkeypatch.setattr(pipe.unet, "forward", lambda *a, **k: calls.append(1))
+    extra = {"steps": 2} if fastdiff_path else {"num_inference_steps": 2}
+    if fastdiff_path and "callback_on_step_end" in kwargs:
+        pytest.skip("callbacks are refused with fastdiff keywords (tested elsewhere)")
+    with pytest.raises(error, match=match):
+        pipe("a red circle", **kwargs, **extra)
+    assert calls == []
+
+
+def test_latents_of_the_right_shape_are_used(pipe):
+    assert pipe.vae_scale_factor == 2 and pipe.unet.config.sample_size == 16  # the tiny test pipeline
+    lat = torch.randn(2, 4, 16, 8, generator=torch.Generator().manual_seed(0))
+    out = pipe(["a", "b"], height=32, width=16, latents=lat, num_inference_steps=2, output_type="latent")
+    assert out.images.shape == (2, 4, 16, 8)

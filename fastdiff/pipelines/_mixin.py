@@ -28,6 +28,7 @@ from fastdiff.pipelines.plan import (
     CallPlan,
     check_call_kwargs,
     check_eta,
+    check_latents,
     check_output_type,
     check_preview_steps,
     plan_call,
@@ -89,6 +90,8 @@ class FastdiffPipelineMixin:
         """
         self.fastdiff_record = None  # a failed call must not leave the previous call's record behind
         check_call_kwargs(args, kwargs)
+        if self._fastdiff_text_to_image:
+            check_latents(self, args, kwargs)
         plan = plan_call(
             args,
             kwargs,

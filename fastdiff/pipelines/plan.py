@@ -11,12 +11,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
+
 from fastdiff.dynamic.auto_steps import AutoSteps
 from fastdiff.dynamic.controllers import EarlyStop
 from fastdiff.dynamic.draft import refine_steps
 from fastdiff.dynamic.presets import resolve_steps
 
-__all__ = ["CallPlan", "DraftSpec", "check_call_kwargs", "check_eta", "check_output_type", "plan_call"]
+__all__ = [
+    "CallPlan",
+    "DraftSpec",
+    "check_call_kwargs",
+    "check_eta",
+    "check_latents",
+    "check_output_type",
+    "plan_call",
+]
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 DEFAULT_STEPS = 50  # diffusers' default num_inference_steps
@@ -201,6 +211,16 @@ def check_call_kwargs(args: tuple, kwargs: dict) -> None:
         isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0.0 <= rescale <= 1.0
     ):
         raise ValueError(f"guidance_rescale must be a number in [0, 1] (0: off), got {rescale!r}")
+    generator = kwargs.get("generator")
+    gens = generator if isinstance(generator, list) else [generator]
+    if generator is not None and not all(isinstance(g, torch.Generator) for g in gens):
+        raise TypeError(
+            f"generator must be a torch.Generator, a list of them (one per image) or None, got {generator!r}"
+        )
+    for name in ("callback_on_step_end", "callback"):
+        hook = kwargs.get(name)
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable or None, got {hook!r}")
     if "return_dict" in kwargs and not isinstance(kwargs["return_dict"], bool):
         raise TypeError(f"return_dict must be True or False, got {kwargs['return_dict']!r}")
     if "output_type" in kwargs:
@@ -235,6 +255,39 @@ def check_eta(kwargs: dict, scheduler) -> None:
             f"eta={eta!r} would be ignored: the scheduler this call runs, {name}, takes no eta per step "
             f"(steps= presets and 'auto' run fastdiff's default sampler); {hint}, or leave eta unset"
         )
+
+
+def check_latents(pipe, args: tuple, kwargs: dict) -> None:
+    """Text-to-image ``latents=``: a finite tensor shaped (images, U-Net channels, height/8, width/8).
+
+    diffusers uses any tensor it is given: a wrong shape denoises an image of that shape, NaN gives NaN."""
+    latents = kwargs.get("latents")
+    if latents is None:
+        return
+    if not isinstance(latents, torch.Tensor):
+        raise TypeError(f"latents must be a torch.Tensor or None, got {type(latents).__name__}")
+    scale = getattr(pipe, "vae_scale_factor", 8)
+    size = getattr(pipe, "default_sample_size", None) or pipe.unet.config.sample_size
+    height = (kwargs.get("height") or size * scale) // scale
+    width = (kwargs.get("width") or size * scale) // scale
+    prompt = args[0] if args else kwargs.get("prompt")
+    if isinstance(prompt, str):
+        batch = 1
+    elif isinstance(prompt, (list, tuple)):
+        batch = len(prompt)
+    elif kwargs.get("prompt_embeds") is not None:
+        batch = kwargs["prompt_embeds"].shape[0]
+    else:
+        batch = None
+    batch = batch * (kwargs.get("num_images_per_prompt") or 1) if batch is not None else latents.shape[0]
+    expected = (batch, pipe.unet.config.in_channels, height, width)
+    if tuple(latents.shape) != expected:
+        raise ValueError(
+            f"latents must have shape {expected} (images, U-Net in_channels, height/{scale}, width/{scale}), "
+            f"got {tuple(latents.shape)}"
+        )
+    if not torch.isfinite(latents).all():
+        raise ValueError("latents contain NaN or inf; sampling would return NaN images")
 
 
 def plan_call(
