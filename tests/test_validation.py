@@ -483,3 +483,32 @@ def test_latents_of_the_right_shape_are_used(pipe):
     lat = torch.randn(2, 4, 16, 8, generator=torch.Generator().manual_seed(0))
     out = pipe(["a", "b"], height=32, width=16, latents=lat, num_inference_steps=2, output_type="latent")
     assert out.images.shape == (2, 4, 16, 8)
+
+
+def test_bad_inputs_sweep_classifies_each_outcome():
+    from benchmarks.bad_inputs import Case, _classify
+
+    def boom(exc):
+        def f():
+            raise exc
+
+        return f
+
+    module = torch.nn.Linear(2, 2)
+
+    def change_then_fail():
+        module.weight.data.add_(1.0)
+        raise ValueError("tolerance is bad")
+
+    cases = {
+        "clear": Case(
+            "t", "a", boom(ValueError("tolerance must be > 0, got -1")), ValueError, ("tolerance",)
+        ),
+        "obscure": Case("t", "b", boom(ValueError("'>' not supported")), ValueError, ("tolerance",)),
+        "silent": Case("t", "c", lambda: 1, ValueError, ("tolerance",)),
+        "handled": Case("t", "d", lambda: 2, None, check=lambda r: r == 2),
+        "changed": Case("t", "e", change_then_fail, ValueError, ("tolerance",), watch=lambda: module),
+    }
+    cases["wrong type"] = Case("t", "f", boom(KeyError("tolerance")), ValueError, ("tolerance",))
+    got = {k: _classify(c)["outcome"] for k, c in cases.items()}
+    assert got == {**{k: k for k in cases if k != "wrong type"}, "wrong type": "obscure"}
