@@ -270,16 +270,13 @@ def check_latents(pipe, args: tuple, kwargs: dict) -> None:
     size = getattr(pipe, "default_sample_size", None) or pipe.unet.config.sample_size
     height = (kwargs.get("height") or size * scale) // scale
     width = (kwargs.get("width") or size * scale) // scale
-    prompt = args[0] if args else kwargs.get("prompt")
-    if isinstance(prompt, str):
-        batch = 1
-    elif isinstance(prompt, (list, tuple)):
-        batch = len(prompt)
+    prompts = _prompts(args, kwargs)
+    if prompts is not None:
+        batch = len(prompts)
     elif kwargs.get("prompt_embeds") is not None:
-        batch = kwargs["prompt_embeds"].shape[0]
+        batch = kwargs["prompt_embeds"].shape[0] * (kwargs.get("num_images_per_prompt") or 1)
     else:
-        batch = None
-    batch = batch * (kwargs.get("num_images_per_prompt") or 1) if batch is not None else latents.shape[0]
+        batch = latents.shape[0]
     expected = (batch, pipe.unet.config.in_channels, height, width)
     if tuple(latents.shape) != expected:
         raise ValueError(
