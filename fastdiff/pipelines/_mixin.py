@@ -24,15 +24,14 @@ from fastdiff.dynamic.draft import draft_and_refine
 from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.presets import default_scheduler
 from fastdiff.pipelines.capture import capture_inputs
-from fastdiff.pipelines.plan import (
-    CallPlan,
+from fastdiff.pipelines.checks import (
     check_call_kwargs,
     check_eta,
     check_latents,
     check_output_type,
     check_preview_steps,
-    plan_call,
 )
+from fastdiff.pipelines.plan import CallPlan, plan_call
 from fastdiff.pipelines.records import FastdiffRecord, Producer, RefineState
 from fastdiff.pipelines.unet_calls import UNetCalls
 

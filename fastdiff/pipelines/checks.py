@@ -1,0 +1,165 @@
+"""Checks of the diffusers keywords a drop-in pipeline call receives, run before any model (#16).
+
+diffusers accepts some bad values silently (a latents tensor of any shape, NaN guidance, ``eta`` its
+scheduler drops) or fails on them late and obscurely; these checks raise first, naming the argument, the
+value received and what is valid. :func:`prompts_per_image` is the one prompt expansion (auto steps and the
+latents check use it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "MAX_STEPS",
+    "OUTPUT_TYPES",
+    "check_call_kwargs",
+    "check_eta",
+    "check_latents",
+    "check_output_type",
+    "check_preview_steps",
+    "prompts_per_image",
+]
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+def check_preview_steps(preview_steps) -> None:
+    if preview_steps is not None and (
+        not isinstance(preview_steps, int) or isinstance(preview_steps, bool) or preview_steps < 1
+    ):
+        raise ValueError(f"preview_steps must be an int >= 1 or None, got {preview_steps!r}")
+
+
+MAX_STEPS = 1000  # SD-family training schedules have 1000 timesteps
+
+
+def check_output_type(output_type) -> None:
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(
+            f"output_type must be one of {', '.join(map(repr, OUTPUT_TYPES))}, got {output_type!r}"
+        )
+
+
+def _positive_int(name: str, value, upper: int | None = None, multiple: int = 1) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    ok = ok and (upper is None or value <= upper) and value % multiple == 0
+    if not ok:
+        valid = f"an int >= 1{f' and <= {upper}' if upper else ''}{f', a multiple of {multiple}' if multiple > 1 else ''}"
+        raise ValueError(f"{name} must be {valid}, got {value!r}")
+
+
+def check_call_kwargs(args: tuple, kwargs: dict) -> None:
+    """Diffusers keywords that diffusers itself accepts silently or fails on obscurely, checked on both paths.
+
+    Guidance ``<= 1`` disabling classifier-free guidance is diffusers' convention and is kept.
+    """
+    prompt = args[0] if args else kwargs.get("prompt")
+    if isinstance(prompt, (list, tuple)) and (not prompt or not all(isinstance(p, str) for p in prompt)):
+        raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
+    if kwargs.get("num_images_per_prompt") is not None:
+        _positive_int("num_images_per_prompt", kwargs["num_images_per_prompt"])
+    for name in ("height", "width"):
+        if kwargs.get(name) is not None:
+            _positive_int(name, kwargs[name], multiple=8)
+    if kwargs.get("num_inference_steps") is not None:
+        _positive_int("num_inference_steps", kwargs["num_inference_steps"], upper=MAX_STEPS)
+    scale = kwargs.get("guidance_scale")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+    ):
+        raise ValueError(
+            f"guidance_scale must be a finite number (<= 1 disables classifier-free guidance), got {scale!r}"
+        )
+    rescale = kwargs.get("guidance_rescale")
+    if rescale is not None and (
+        isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0.0 <= rescale <= 1.0
+    ):
+        raise ValueError(f"guidance_rescale must be a number in [0, 1] (0: off), got {rescale!r}")
+    generator = kwargs.get("generator")
+    gens = generator if isinstance(generator, list) else [generator]
+    if generator is not None and not all(isinstance(g, torch.Generator) for g in gens):
+        raise TypeError(
+            f"generator must be a torch.Generator, a list of them (one per image) or None, got {generator!r}"
+        )
+    for name in ("callback_on_step_end", "callback"):
+        hook = kwargs.get(name)
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable or None, got {hook!r}")
+    if "return_dict" in kwargs and not isinstance(kwargs["return_dict"], bool):
+        raise TypeError(f"return_dict must be True or False, got {kwargs['return_dict']!r}")
+    if "output_type" in kwargs:
+        check_output_type(kwargs["output_type"])
+
+
+def check_eta(kwargs: dict, scheduler) -> None:
+    """``eta`` must be a finite number >= 0, and not 0 only where the scheduler that runs takes it per call.
+
+    diffusers drops ``eta`` silently for schedulers whose ``step()`` has no such argument; a sweep over eta
+    would then report identical images, so fastdiff raises instead."""
+    import inspect
+
+    eta = kwargs.get("eta")
+    if eta is None:
+        return
+    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta < 0:
+        raise ValueError(f"eta must be a finite number >= 0 (0: deterministic DDIM), got {eta!r}")
+    if eta == 0:
+        return
+    params = inspect.signature(type(scheduler).step).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "eta" not in params and not takes_kwargs:
+        from fastdiff.samplers.scheduler import FastScheduler
+
+        name = type(scheduler).__name__
+        hint = "use a DDIMScheduler or DDPM-type scheduler that takes eta"
+        if isinstance(scheduler, FastScheduler):
+            name += f"(sampler={scheduler.config.sampler!r})"
+            hint = "fastdiff samplers take eta when made: fastdiff.make_scheduler('ddim', eta=...)"
+        raise ValueError(
+            f"eta={eta!r} would be ignored: the scheduler this call runs, {name}, takes no eta per step "
+            f"(steps= presets and 'auto' run fastdiff's default sampler); {hint}, or leave eta unset"
+        )
+
+
+def check_latents(pipe, args: tuple, kwargs: dict) -> None:
+    """Text-to-image ``latents=``: a finite tensor shaped (images, U-Net channels, height/8, width/8).
+
+    diffusers uses any tensor it is given: a wrong shape denoises an image of that shape, NaN gives NaN."""
+    latents = kwargs.get("latents")
+    if latents is None:
+        return
+    if not isinstance(latents, torch.Tensor):
+        raise TypeError(f"latents must be a torch.Tensor or None, got {type(latents).__name__}")
+    scale = getattr(pipe, "vae_scale_factor", 8)
+    size = getattr(pipe, "default_sample_size", None) or pipe.unet.config.sample_size
+    height = (kwargs.get("height") or size * scale) // scale
+    width = (kwargs.get("width") or size * scale) // scale
+    prompts = prompts_per_image(args, kwargs)
+    if prompts is not None:
+        batch = len(prompts)
+    elif kwargs.get("prompt_embeds") is not None:
+        batch = kwargs["prompt_embeds"].shape[0] * (kwargs.get("num_images_per_prompt") or 1)
+    else:
+        batch = latents.shape[0]
+    expected = (batch, pipe.unet.config.in_channels, height, width)
+    if tuple(latents.shape) != expected:
+        raise ValueError(
+            f"latents must have shape {expected} (images, U-Net in_channels, height/{scale}, width/{scale}), "
+            f"got {tuple(latents.shape)}"
+        )
+    if not torch.isfinite(latents).all():
+        raise ValueError("latents contain NaN or inf; sampling would return NaN images")
+
+
+def prompts_per_image(args, kwargs) -> list[str] | None:
+    """One prompt per image (``num_images_per_prompt`` copies, prompt-major as diffusers lays them out)."""
+    prompt = args[0] if args else kwargs.get("prompt")
+    n = kwargs.get("num_images_per_prompt") or 1
+    if isinstance(prompt, str):
+        return [prompt] * n
+    if isinstance(prompt, (list, tuple)):
+        return [p for p in prompt for _ in range(n)]
+    return None
