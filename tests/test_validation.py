@@ -512,3 +512,17 @@ def test_bad_inputs_sweep_classifies_each_outcome():
     cases["wrong type"] = Case("t", "f", boom(KeyError("tolerance")), ValueError, ("tolerance",))
     got = {k: _classify(c)["outcome"] for k, c in cases.items()}
     assert got == {**{k: k for k in cases if k != "wrong type"}, "wrong type": "obscure"}
+
+
+def test_a_pipeline_without_a_vae_can_preview_and_refine_latents():
+    p = fastdiff.StableDiffusionPipeline.from_pipe(tiny_pipeline("sd15"))
+    full = p(
+        "a red circle",
+        num_inference_steps=4,
+        output_type="latent",
+        generator=torch.Generator().manual_seed(0),
+    )
+    p.vae = None  # diffusers allows absent components; latent output needs no VAE
+    kw = dict(num_inference_steps=4, output_type="latent", generator=torch.Generator().manual_seed(0))
+    state = p("a red circle", preview_steps=2, **kw).fastdiff.state
+    assert torch.equal(p.refine(state).images, full.images)

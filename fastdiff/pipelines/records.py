@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -74,12 +75,12 @@ class Producer:
     """Weak references to the pipeline that made a preview and to its U-Net and VAE at that time."""
 
     pipe: weakref.ref
-    unet: weakref.ref
-    vae: weakref.ref
+    unet: Callable  # weakref.ref, or _none for an absent component
+    vae: Callable
 
     @classmethod
     def of(cls, pipe) -> Producer:
-        return cls(weakref.ref(pipe), weakref.ref(pipe.unet), weakref.ref(pipe.vae))
+        return cls(weakref.ref(pipe), _ref(pipe.unet), _ref(getattr(pipe, "vae", None)))
 
     def mismatch(self, pipe) -> str | None:
         """None if ``pipe`` is the producer with the same components, else what differs."""
@@ -92,6 +93,15 @@ class Producer:
             )
             return f"the state was made by {made}, not by this {type(pipe).__name__} at {id(pipe):#x}"
         for name in ("unet", "vae"):
-            if getattr(self, name)() is not getattr(pipe, name):
+            if getattr(self, name)() is not getattr(pipe, name, None):
                 return f"this pipeline's {name} was replaced after the preview was made"
         return None
+
+
+def _ref(obj):
+    """A weak reference, or a callable returning None for an absent component (``vae=None``)."""
+    return _none if obj is None else weakref.ref(obj)
+
+
+def _none():
+    return None
