@@ -1378,7 +1378,8 @@ def main(argv=None) -> int:
     notes += (
         f"\nCases this branch owns ({sum(own.values())}): "
         + ", ".join(f"{k} {own.get(k, 0)}" for k in OUTCOMES)
-        + ". Not clear or handled, by owner:\n\n"
+        + '. A goal above reads "not met" while any owner\'s cases remain; rerun after merging every branch.'
+        + " Not clear or handled, by owner:\n\n"
         + "".join(
             f"- {r['owner'] or 'validate'}: {r['area']} `{r['case']}` -> {r['outcome']}\n"
             for r in sorted(rows, key=lambda r: r["owner"])
