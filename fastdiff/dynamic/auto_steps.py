@@ -1,6 +1,6 @@
 """Choose a step count per sample: ``steps="auto"``.
 
-Two cheap signals decide how many sampler steps an image needs:
+Two cheap signals can decide how many sampler steps an image needs:
 
 1. **the prompt**: keyword tiers. "sketch, flat, minimalist, plain, simple" describe images made of large
    uniform regions, which converge in few steps; "detailed, intricate, 4k, textured, striped, checkered,
@@ -9,10 +9,14 @@ Two cheap signals decide how many sampler steps an image needs:
    prediction's spectral energy above half the Nyquist frequency (per channel, mean removed).
 
 A calibrated table (:mod:`fastdiff.dynamic.auto_steps_table`, produced by
-``benchmarks/dynamic_steps.py --calibrate`` on the tiny trained model) maps (tier, energy) to the smallest
-step count whose output stayed within a fidelity target of the full-length run. The probe's steps are not
-wasted when the shortest schedule is chosen (the run simply continues), and when the chosen schedule
-starts at the same timestep the first evaluation is reused.
+``benchmarks/dynamic_steps.py --phase calibrate`` on the shipped fastdiff-tiny weights and train-split
+prompts) names the signal it uses (``"signal"``: ``"hf_energy"`` or ``"tier"``, the tier alone) and maps
+(tier, signal) to the smallest step count that brought every calibration image of that bin to the fidelity
+target against its 100-step reference. Each candidate signal is kept only if it predicts the steps an image
+needs (Spearman correlation, :mod:`fastdiff.dynamic.step_calibration`); the figures are in
+``benchmarks/results/dynamic_steps.md``. The probe's steps are not wasted when the shortest schedule is
+chosen (the run simply continues), and when the chosen schedule starts at the same timestep the first
+evaluation is reused.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ __all__ = [
 SIMPLE_WORDS = ("sketch", "flat", "minimalist", "plain", "simple")
 DETAILED_WORDS = ("detailed", "intricate", "4k", "textured", "striped", "checkered", "noisy")
 TIERS = ("simple", "neutral", "detailed")
+SIGNALS = ("hf_energy", "tier")  # what a table's bins are keyed on; "tier": one bin per tier, x0 unused
 
 
 def prompt_tier(prompt: str | None) -> tuple[str, list[str]]:
@@ -84,7 +89,8 @@ class AutoSteps(StepPlanner):
     Args:
         prompts: one prompt per row (or one for all rows); None means "neutral".
         min_steps, max_steps: the budget range; choices are clamped into it.
-        probe_steps: steps of the ``min_steps`` schedule run before deciding.
+        probe_steps: steps of the ``min_steps`` schedule run before deciding; None: the table's
+            ``probe_steps`` (2 if it has none).
         table: calibration table (see :mod:`fastdiff.dynamic.auto_steps_table`); default: the committed one.
     """
 
@@ -94,9 +100,15 @@ class AutoSteps(StepPlanner):
         *,
         min_steps: int = 8,
         max_steps: int = 30,
-        probe_steps: int = 2,
+        probe_steps: int | None = None,
         table: dict | None = None,
     ):
+        table = table if table is not None else _default_table()
+        signal = table.get("signal", "hf_energy")
+        if signal not in SIGNALS:
+            raise ValueError(f"AutoSteps table signal must be one of {SIGNALS}, got {signal!r}")
+        if probe_steps is None:
+            probe_steps = int(table.get("probe_steps", 2))
         for name, v in (("min_steps", min_steps), ("max_steps", max_steps), ("probe_steps", probe_steps)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"AutoSteps {name} must be an int >= 1, got {v!r}")
@@ -108,7 +120,8 @@ class AutoSteps(StepPlanner):
         self.min_steps = min_steps
         self.max_steps = max_steps
         self.probe_steps = probe_steps
-        self.table = table if table is not None else _default_table()
+        self.table = table
+        self.signal = signal
 
     @property
     def probe_schedule(self) -> int:
@@ -135,8 +148,10 @@ class AutoSteps(StepPlanner):
         raise ValueError(f"AutoSteps got {len(p)} prompts for a batch of {batch}")
 
     def steps_for(self, tier: str, hf_energy: float) -> tuple[int, str]:
-        """Look up (steps, rule) for a tier and probe energy in the table."""
+        """Look up (steps, rule) for a tier and probe energy in the table (a "tier" table ignores the energy)."""
         rows = self.table["tiers"].get(tier) or self.table["tiers"]["neutral"]
+        if self.signal == "tier":
+            return int(rows[-1][1]), f"table[{tier}] -> {rows[-1][1]}"
         for upper, steps in rows:
             if hf_energy <= upper:
                 return int(steps), f"table[{tier}]: energy <= {upper:.4g} -> {steps}"
@@ -154,9 +169,10 @@ class AutoSteps(StepPlanner):
             raw, rule = self.steps_for(tier, e)
             steps = max(self.min_steps, min(self.max_steps, raw))
             matched = f" (matched {', '.join(words)})" if words else ""
+            probe = "" if self.signal == "tier" else f", probe high-frequency energy {e:.4f}"
             reason = (
-                f"auto: prompt tier '{tier}'{matched}, probe high-frequency energy {e:.4f} after "
-                f"{self.probe_steps} step(s); {rule}; clamped to [{self.min_steps}, {self.max_steps}] -> {steps}"
+                f"auto: prompt tier '{tier}'{matched}{probe} after {self.probe_steps} step(s); {rule}; "
+                f"clamped to [{self.min_steps}, {self.max_steps}] -> {steps}"
             )
             choices.append(StepChoice(steps=steps, tier=tier, keywords=words, hf_energy=e, reason=reason))
         return choices
