@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
 from fastdiff.dynamic import step_calibration as cal  # noqa: E402
-from fastdiff.dynamic.auto_steps import high_frequency_energy, prompt_tier  # noqa: E402
+from fastdiff.dynamic.auto_steps import high_frequency_energy, low_contrast, prompt_tier  # noqa: E402
 
 NAME = "dynamic_steps"
 GUIDANCE = 5.0
@@ -59,7 +59,15 @@ DRAFT_STEPS = 4
 DRAFTS = {13: [(30, 0.3), (18, 0.5), (12, 0.75)], 10: [(20, 0.3), (12, 0.5), (8, 0.75)]}
 EXTRA_FIXED = [(10, "karras"), (13, "trailing")]  # the other schedule at the draft comparison points
 TABLE_PATH = Path(__file__).resolve().parent.parent / "fastdiff" / "dynamic" / "auto_steps_table.py"
-SIGNALS = ("tier", "hf_energy@2", "hf_energy@3", "x0_change@1-2", "x0_change@2-3")
+SIGNALS = (
+    "tier",
+    "hf_energy@2",
+    "hf_energy@3",
+    "low_contrast@2",
+    "low_contrast@3",
+    "x0_change@1-2",
+    "x0_change@2-3",
+)
 PROBE_SCHEDULE = 8  # AutoSteps' min_steps: the probe runs the first steps of this schedule
 TIER_CODE = {"simple": -1, "neutral": 0, "detailed": 1}
 
@@ -108,7 +116,9 @@ def fixed_configs() -> list[dict]:
 
 
 def heldout_configs() -> list[dict]:
-    configs = [reference_config(), *fixed_configs(), {"name": auto_name(), "steps": "auto"}]
+    """The draft comparison on 144 images: drafts, the LCM alone and the teacher at the same NFE."""
+    fixed = [c for c in fixed_configs() if c["steps"] in DRAFTS or c["steps"] in (8,)]
+    configs = [reference_config(), *fixed]
     configs.append({"name": f"LCM {DRAFT_STEPS} (draft alone)", "pipeline": LCM, "steps": DRAFT_STEPS})
     for pairs in DRAFTS.values():
         for n, s in pairs:
@@ -117,19 +127,44 @@ def heldout_configs() -> list[dict]:
     return configs
 
 
-HELDOUT = ({"tiny": "heldout"}, [1000, 5000])  # 72 combinations x 2 seeds (seed + prompt index)
-TRAIN = ({"tiny": "train", "n": 48, "seed": 7}, [3000])
+def need_configs() -> list[dict]:
+    """Auto steps and the step grid that measures each image's need (first seed only: 72 images)."""
+    return [reference_config(), *fixed_configs()[: len(NEED_GRID)], {"name": auto_name(), "steps": "auto"}]
+
+
+HELDOUT = ({"tiny": "heldout"}, [1000, 5000])  # 72 combinations x 2 seeds (seed + prompt index) = 144
+NEED = ({"tiny": "heldout"}, [1000])  # the first of those seeds: 72 images
+TRAIN = ({"tiny": "train", "n": 24, "seed": 7}, [3000])
+KINDS = {"heldout": (HELDOUT, heldout_configs), "need": (NEED, need_configs), "train": (TRAIN, None)}
+
+
+def seed_from(src: Path, dst: Path, configs: list[str], seeds: set[int]) -> None:
+    """Copy finished items (image, array, row) of ``configs`` with these seeds from one sweep folder into
+    another of the same pipeline, prompts and settings, so the sweep there skips them (same item paths)."""
+    import shutil
+
+    from fastdiff.sweep.store import config_dir
+
+    for name in configs:
+        folder = src / "items" / config_dir(name)
+        for f in folder.glob("*") if folder.exists() else ():
+            seed = int(f.stem.rsplit("-s", 1)[1])
+            target = dst / "items" / config_dir(name) / f.name
+            if seed in seeds and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, target)
 
 
 def run_sweep(kind: str, cache: Path, only=()) -> object:
     from fastdiff.sweep import sweep
 
-    prompts, seeds = HELDOUT if kind == "heldout" else TRAIN
-    configs = (
-        heldout_configs() if kind == "heldout" else [reference_config(), *fixed_configs()[: len(NEED_GRID)]]
-    )
+    (prompts, seeds), make = KINDS[kind]
+    configs = make() if make else [reference_config(), *fixed_configs()[: len(NEED_GRID)]]
     if only:
         configs = [c for c in configs if c["name"] == REFERENCE or any(o in c["name"] for o in only)]
+    if kind == "need":  # the reference and the step counts the draft comparison already ran on these seeds
+        shared = [c["name"] for c in heldout_configs() if c["name"] in {x["name"] for x in need_configs()}]
+        seed_from(cache / "heldout", cache / "need", shared, {seeds[0] + i for i in range(72)})
     return sweep(_spec(prompts, seeds, configs), cache / kind, extend=True, progress=False)
 
 
@@ -159,6 +194,7 @@ def probe_signals(items: list[tuple[str, int]], batch: int = 24) -> list[dict]:
             )
             x0[k] = res.images.double()
         hf2, hf3 = high_frequency_energy(x0[2]), high_frequency_energy(x0[3])
+        lc2, lc3 = low_contrast(x0[2]), low_contrast(x0[3])
         d12 = (x0[2] - x0[1]).flatten(1).norm(dim=1) / x0[2].flatten(1).norm(dim=1)
         d23 = (x0[3] - x0[2]).flatten(1).norm(dim=1) / x0[3].flatten(1).norm(dim=1)
         for j, (p, s) in enumerate(chunk):
@@ -169,6 +205,8 @@ def probe_signals(items: list[tuple[str, int]], batch: int = 24) -> list[dict]:
                     "tier": TIER_CODE[prompt_tier(p)[0]],
                     "hf_energy@2": float(hf2[j]),
                     "hf_energy@3": float(hf3[j]),
+                    "low_contrast@2": float(lc2[j]),
+                    "low_contrast@3": float(lc3[j]),
                     "x0_change@1-2": float(d12[j]),
                     "x0_change@2-3": float(d23[j]),
                 }
@@ -207,7 +245,7 @@ def correlations(records: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------------------ calibrate
 # signals AutoSteps can compute from the one x0 prediction the StepPlanner protocol hands it
-PLANNER_SIGNALS = {"tier": None, "hf_energy@2": 2, "hf_energy@3": 3}
+PLANNER_SIGNALS = {"tier": None, "hf_energy@2": 2, "hf_energy@3": 3, "low_contrast@2": 2, "low_contrast@3": 3}
 MIN_RHO = 0.3  # a signal weaker than this is dropped
 
 
@@ -222,9 +260,11 @@ def calibrate(cache: Path) -> dict:
     best = max(usable, key=lambda s: usable[s])
     if usable[best] < MIN_RHO:  # no usable signal predicts the need: one step count for every image
         best = "none"
+    # split by tier only when the tier itself predicts the need; otherwise every tier gets the pooled bins
+    split = best == "tier" or (best != "none" and usable.get("tier", 0.0) >= MIN_RHO)
     tiers = {}
     for tier in ("simple", "neutral", "detailed"):
-        recs = [r for r in records if best == "none" or r["tier"] == TIER_CODE[tier]]
+        recs = [r for r in records if not split or r["tier"] == TIER_CODE[tier]]
         if not recs:
             continue
         if best in ("tier", "none"):
@@ -235,7 +275,7 @@ def calibrate(cache: Path) -> dict:
     for tier in ("simple", "neutral", "detailed"):  # an unseen tier gets the neutral rows (or the max)
         tiers.setdefault(tier, tiers.get("neutral", [[math.inf, 30]]))
     table = {
-        "signal": "hf_energy" if best.startswith("hf_energy") else "tier",
+        "signal": best.split("@")[0] if "@" in best else "tier",
         "probe_steps": PLANNER_SIGNALS.get(best) or 1,
         "tiers": tiers,
         "meta": {
@@ -243,7 +283,7 @@ def calibrate(cache: Path) -> dict:
             "reference": "100-step DPM-Solver++(2M) Karras, same noise",
             "candidates": NEED_GRID,
             "chosen_signal": best,
-            "spearman_train": {k: round(v, 3) for k, v in rho.items()},
+            "spearman_train": {k: None if math.isnan(v) else round(v, 3) for k, v in rho.items()},
             "guidance_scale": GUIDANCE,
             "prompts": f"{len(records)} train-split images (sample_attributes(48, seed=7, 'train'), seed 3000 + i)",
             "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -323,19 +363,25 @@ def paired(rows_a: list[dict], rows_b: list[dict]) -> str:
 def report(cache: Path, load: str) -> None:
     from fastdiff.sweep.collate import collate
 
-    result = collate(cache / "heldout", plots=False)
-    by_config = {}
-    for r in result.rows:
-        by_config.setdefault(r["config"], []).append(r)
-    summary = {name: summarise(rows) for name, rows in by_config.items()}
-    sections, data = [], {"summary": summary}
+    def load(kind):
+        if not (cache / kind / "sweep.json").exists():
+            return None, {}, {}
+        result = collate(cache / kind, plots=False)
+        by_config = {}
+        for r in result.rows:
+            by_config.setdefault(r["config"], []).append(r)
+        return result, by_config, {name: summarise(rows) for name, rows in by_config.items()}
+
+    held, by_held, sum_held = load("heldout")
+    result, by_config, summary = load("need")
+    sections, data = [], {"summary_need_72": summary, "summary_heldout_144": sum_held}
 
     # fixed schedules
     fixed = [REFERENCE] + [fixed_name(n) for n in NEED_GRID] + [fixed_name(n, s) for n, s in EXTRA_FIXED]
     table = [{"method": k, **summary[k]} for k in fixed if k in summary]
     sections.append(
         '## Fixed DPM-Solver++(2M) schedules (schedule "auto": trailing <= 10 steps, Karras above)\n\n'
-        + markdown_table(table)
+        "First seed only (72 held-out images).\n\n" + markdown_table(table)
     )
 
     # auto steps
@@ -344,7 +390,7 @@ def report(cache: Path, load: str) -> None:
         if (cache / "calibration.json").exists()
         else None
     )
-    records = need_records(result, "heldout", cache)
+    records = need_records(result, "need", cache) if result else []
     auto = next((k for k in by_config if k.startswith("auto (")), None)
     if records:
         rho = correlations(records)
@@ -395,25 +441,25 @@ def report(cache: Path, load: str) -> None:
             + "\n"
         )
 
-    # draft then refine
+    # draft then refine (both seeds: 144 images)
     lcm_name = f"LCM {DRAFT_STEPS} (draft alone)"
     drafts = []
     for total, pairs_ in DRAFTS.items():
         teachers = [
             k
             for k in (fixed_name(total), *(fixed_name(n, s) for n, s in EXTRA_FIXED if n == total))
-            if k in summary
+            if k in sum_held
         ]
-        best = max(teachers, key=lambda k: summary[k]["attr all"]) if teachers else None
+        best = max(teachers, key=lambda k: sum_held[k]["attr all"]) if teachers else None
         for k in teachers:
-            drafts.append({"total NFE": total, "method": k, **summary[k]})
+            drafts.append({"total NFE": total, "method": k, **sum_held[k]})
         for n, s in pairs_:
             k = draft_name(n, s)
-            if k not in summary:
+            if k not in sum_held:
                 continue
             agree = (
-                preview_agreement(cache / "heldout", by_config[k], by_config[lcm_name])
-                if lcm_name in by_config
+                preview_agreement(cache / "heldout", by_held[k], by_held[lcm_name])
+                if lcm_name in by_held
                 else {}
             )
             data.setdefault("preview_agreement", {})[k] = agree
@@ -421,15 +467,13 @@ def report(cache: Path, load: str) -> None:
                 {
                     "total NFE": total,
                     "method": k,
-                    **summary[k],
+                    **sum_held[k],
                     "draft agrees (all)": agree.get("all"),
-                    "only draft / only best teacher right": paired(by_config[k], by_config[best])
-                    if best
-                    else "",
+                    "only draft / only best teacher right": paired(by_held[k], by_held[best]) if best else "",
                 }
             )
-    if lcm_name in summary:
-        drafts.append({"total NFE": DRAFT_STEPS, "method": lcm_name, **summary[lcm_name]})
+    if lcm_name in sum_held:
+        drafts.append({"total NFE": DRAFT_STEPS, "method": lcm_name, **sum_held[lcm_name]})
     if drafts:
         agree_lines = [
             f"| {k} | " + " | ".join(str(v[a]) for a in ("shape_colour", "bg_colour", "shape", "all")) + " |"
@@ -449,15 +493,17 @@ def report(cache: Path, load: str) -> None:
     meta = env_info()
     meta["load"] = load
     notes = (
-        "fastdiff-tiny, shipped weights, guidance 5, 72 held-out prompt combinations (colour pairs never trained on) "
-        "x 2 seeds (1000 + i, 5000 + i) = 144 images, batches of 24, fp32 CPU, run by fastdiff.sweep. PSNR per image "
+        "fastdiff-tiny, shipped weights, guidance 5, 72 held-out prompt combinations (colour pairs never trained on); "
+        "the draft comparison uses 2 seeds each (1000 + i, 5000 + i: 144 images), the step grid and auto steps the "
+        "first seed (72 images, for the time budget); batches of 24, fp32 CPU, run by fastdiff.sweep. PSNR per image "
         "(data range 1) against the 100-step DPM-Solver++(2M) Karras image from the same noise; worst = worst image. "
         "attr all = shape colour, background colour and shape all read right by fastdiff.metrics. NFE counts U-Net "
         "calls per image (a classifier-free-guidance pair counts once; the LCM student embeds guidance, so its calls "
         "are single rows). Wall times on a shared 2-core machine are indicative only."
     )
     path_md = RESULTS_DIR / f"{NAME}.md"
-    goals = (cache / "goals.md").read_text() if (cache / "goals.md").exists() else "(goals: see report)\n"
+    data["goals"] = goal_lines(summary, sum_held, data)
+    goals = "\n".join(f"- {g}" for g in data["goals"]) + "\n"
     path_md.write_text(
         f"# {NAME}\n\n{hardware_line(meta)}; load {load}\n\n{notes}\n\n## Goals\n\n{goals}\n"
         + "\n".join(sections)
@@ -466,6 +512,57 @@ def report(cache: Path, load: str) -> None:
         json.dumps({"meta": meta, "notes": notes, "calibration": calib, **data}, indent=1, default=str) + "\n"
     )
     print(path_md.read_text())
+
+
+def _met(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def goal_lines(summary: dict, sum_held: dict, data: dict) -> list[str]:
+    """Each goal of issue #12 this file measures, met or not met, with the figures that decide it."""
+    out = []
+    need = data.get("heldout_need")
+    if need:
+        rho = need.get("spearman_auto_choice", math.nan)
+        out.append(
+            f"Auto steps' choice predicts the steps a held-out image needs (Spearman rho >= {MIN_RHO}): "
+            f"{_met(rho >= MIN_RHO)} (rho = {rho:.3f})"
+        )
+    auto = data.get("auto")
+    if auto:
+        a = next(summary[k] for k in summary if k.startswith("auto ("))
+        f = summary[auto["comparator"]]
+        ok = a["PSNR worst"] > f["PSNR worst"] and a["attr all"] >= f["attr all"]
+        out.append(
+            f"Auto steps beat the fixed schedule of equal mean NFE (worst-image PSNR higher, attribute accuracy no "
+            f"lower): {_met(ok)} (auto {a['mean NFE']} NFE: worst {a['PSNR worst']} dB, attributes {a['attr all']}; "
+            f"{auto['comparator']}: worst {f['PSNR worst']} dB, attributes {f['attr all']})"
+        )
+    for total, pairs_ in DRAFTS.items():
+        teachers = [k for k in sum_held if k == fixed_name(total) or k.startswith(fixed_name(total) + " ")]
+        drafts = [draft_name(n, s) for n, s in pairs_ if draft_name(n, s) in sum_held]
+        if not teachers or not drafts:
+            continue
+        t_best = max(teachers, key=lambda k: sum_held[k]["attr all"])
+        d_best = max(drafts, key=lambda k: sum_held[k]["attr all"])
+        ok = sum_held[d_best]["attr all"] >= sum_held[t_best]["attr all"]
+        out.append(
+            f"Draft + refine at {total} NFE: attribute accuracy >= the teacher's best fixed schedule of {total} "
+            f"steps: {_met(ok)} (best draft: {d_best}, {sum_held[d_best]['attr all']}; teacher {t_best}, "
+            f"{sum_held[t_best]['attr all']}; every strength: "
+            + ", ".join(f"{sum_held[d]['attr all']}" for d in drafts)
+            + ")"
+        )
+    agree = data.get("preview_agreement")
+    if agree:
+        lo = min(agree, key=lambda k: agree[k]["all"])
+        hi = max(agree, key=lambda k: agree[k]["all"])
+        out.append(
+            f"The 4-step draft's attributes agree with the refined image's >= 90% of the time: "
+            f"{_met(agree[lo]['all'] >= 0.9)} for every strength, {_met(agree[hi]['all'] >= 0.9)} for the best "
+            f"(all three attributes: {agree[lo]['all']} for {lo}, {agree[hi]['all']} for {hi})"
+        )
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ exact
@@ -507,7 +604,7 @@ def exact(n: int = 512) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phase", choices=["calibrate", "heldout", "report", "exact"], required=True)
+    ap.add_argument("--phase", choices=["calibrate", "heldout", "need", "report", "exact"], required=True)
     ap.add_argument(
         "--only", nargs="*", default=(), help="held-out configurations whose name contains any of these"
     )
@@ -519,8 +616,8 @@ def main():
     t0 = time.time()
     if args.phase == "calibrate":
         calibrate(cache)
-    elif args.phase == "heldout":
-        run_sweep("heldout", cache, args.only)
+    elif args.phase in ("heldout", "need"):
+        run_sweep(args.phase, cache, args.only)
     elif args.phase == "exact":
         (cache / "exact.md").write_text(exact())
     else:

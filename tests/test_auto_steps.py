@@ -168,3 +168,22 @@ def test_spearman_is_invariant_to_monotone_transforms():
     x = [rnd.random() for _ in range(30)]
     y = [v + rnd.random() * 0.3 for v in x]
     assert cal.spearman(x, y) == pytest.approx(cal.spearman([math.exp(5 * v) for v in x], [v**3 for v in y]))
+
+
+def test_low_contrast_is_minus_the_spatial_std_and_picks_its_bin():
+    import numpy as np
+
+    from fastdiff.dynamic.auto_steps import low_contrast
+
+    x = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(1)) * torch.tensor(
+        [0.1, 1.0, 3.0]
+    ).view(3, 1, 1, 1)
+    ref = [-np.mean([np.std(x[b, c].numpy().astype(np.float64), ddof=1) for c in range(4)]) for b in range(3)]
+    assert low_contrast(x).tolist() == pytest.approx(ref, rel=1e-5)
+    assert low_contrast(x + 7.0).tolist() == pytest.approx(ref, rel=1e-5), "brightness is not contrast"
+    with pytest.raises(ValueError, match="B, C, H, W"):
+        low_contrast(torch.zeros(4, 8, 8))
+    table = {"signal": "low_contrast", "tiers": {"neutral": [[-2.0, 8], [-0.5, 12], [math.inf, 20]]}}
+    auto = AutoSteps(None, table=table)
+    assert [c.steps for c in auto.choose(x)] == [20, 12, 8], "the blurriest x0 gets the most steps"
+    assert "low contrast" in auto.choose(x)[0].reason

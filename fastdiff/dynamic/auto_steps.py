@@ -35,12 +35,14 @@ __all__ = [
     "DETAILED_WORDS",
     "prompt_tier",
     "high_frequency_energy",
+    "low_contrast",
 ]
 
 SIMPLE_WORDS = ("sketch", "flat", "minimalist", "plain", "simple")
 DETAILED_WORDS = ("detailed", "intricate", "4k", "textured", "striped", "checkered", "noisy")
 TIERS = ("simple", "neutral", "detailed")
-SIGNALS = ("hf_energy", "tier")  # what a table's bins are keyed on; "tier": one bin per tier, x0 unused
+# what a table's bins are keyed on; "tier": one bin per tier, x0 unused
+SIGNALS = ("hf_energy", "low_contrast", "tier")
 
 
 def prompt_tier(prompt: str | None) -> tuple[str, list[str]]:
@@ -75,6 +77,23 @@ def high_frequency_energy(x0: torch.Tensor, cutoff: float = 0.25) -> torch.Tenso
     high = power[:, radius > cutoff].sum(dim=-1)
     total = power.flatten(1).sum(dim=-1).clamp_min(1e-30)
     return (high / total).float()
+
+
+def low_contrast(x0: torch.Tensor) -> torch.Tensor:
+    """Per-row minus the spatial standard deviation of the x0 prediction (mean over channels).
+
+    An undecided early x0 prediction is a blend of the images it could still become, so its contrast is low;
+    the sign makes "more signal" mean "more steps", like the other signals. x0: (B, C, H, W).
+    """
+    if x0.ndim != 4:
+        raise ValueError(f"low_contrast expects (B, C, H, W), got shape {tuple(x0.shape)}")
+    return -x0.double().flatten(2).std(dim=-1).mean(dim=1).float()
+
+
+def _signal(name: str, x0: torch.Tensor) -> torch.Tensor:
+    if name == "low_contrast":
+        return low_contrast(x0)
+    return high_frequency_energy(x0)  # also reported (not used) by a "tier" table
 
 
 def _default_table() -> dict:
@@ -161,7 +180,7 @@ class AutoSteps(StepPlanner):
     def choose(self, x0_probe: torch.Tensor) -> list[StepChoice]:
         """Pick a step count for every row of a probe's x0 prediction."""
         batch = x0_probe.shape[0]
-        energy = high_frequency_energy(x0_probe)
+        energy = _signal(self.signal, x0_probe)
         choices = []
         for r in range(batch):
             tier, words = prompt_tier(self._prompt_for(r, batch))
@@ -169,7 +188,8 @@ class AutoSteps(StepPlanner):
             raw, rule = self.steps_for(tier, e)
             steps = max(self.min_steps, min(self.max_steps, raw))
             matched = f" (matched {', '.join(words)})" if words else ""
-            probe = "" if self.signal == "tier" else f", probe high-frequency energy {e:.4f}"
+            label = {"hf_energy": "high-frequency energy", "low_contrast": "low contrast (-std of x0)"}
+            probe = "" if self.signal == "tier" else f", probe {label[self.signal]} {e:.4f}"
             reason = (
                 f"auto: prompt tier '{tier}'{matched}{probe} after {self.probe_steps} step(s); {rule}; "
                 f"clamped to [{self.min_steps}, {self.max_steps}] -> {steps}"
