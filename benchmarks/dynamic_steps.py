@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
 from fastdiff.dynamic import step_calibration as cal  # noqa: E402
-from fastdiff.dynamic.auto_steps import high_frequency_energy, low_contrast, prompt_tier  # noqa: E402
+from fastdiff.dynamic.auto_steps import high_frequency_energy, prompt_tier, x0_contrast  # noqa: E402
 
 NAME = "dynamic_steps"
 GUIDANCE = 5.0
@@ -63,8 +63,8 @@ SIGNALS = (
     "tier",
     "hf_energy@2",
     "hf_energy@3",
-    "low_contrast@2",
-    "low_contrast@3",
+    "x0_contrast@2",
+    "x0_contrast@3",
     "x0_change@1-2",
     "x0_change@2-3",
 )
@@ -194,7 +194,7 @@ def probe_signals(items: list[tuple[str, int]], batch: int = 24) -> list[dict]:
             )
             x0[k] = res.images.double()
         hf2, hf3 = high_frequency_energy(x0[2]), high_frequency_energy(x0[3])
-        lc2, lc3 = low_contrast(x0[2]), low_contrast(x0[3])
+        lc2, lc3 = x0_contrast(x0[2]), x0_contrast(x0[3])
         d12 = (x0[2] - x0[1]).flatten(1).norm(dim=1) / x0[2].flatten(1).norm(dim=1)
         d23 = (x0[3] - x0[2]).flatten(1).norm(dim=1) / x0[3].flatten(1).norm(dim=1)
         for j, (p, s) in enumerate(chunk):
@@ -205,8 +205,8 @@ def probe_signals(items: list[tuple[str, int]], batch: int = 24) -> list[dict]:
                     "tier": TIER_CODE[prompt_tier(p)[0]],
                     "hf_energy@2": float(hf2[j]),
                     "hf_energy@3": float(hf3[j]),
-                    "low_contrast@2": float(lc2[j]),
-                    "low_contrast@3": float(lc3[j]),
+                    "x0_contrast@2": float(lc2[j]),
+                    "x0_contrast@3": float(lc3[j]),
                     "x0_change@1-2": float(d12[j]),
                     "x0_change@2-3": float(d23[j]),
                 }
@@ -245,7 +245,7 @@ def correlations(records: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------------------ calibrate
 # signals AutoSteps can compute from the one x0 prediction the StepPlanner protocol hands it
-PLANNER_SIGNALS = {"tier": None, "hf_energy@2": 2, "hf_energy@3": 3, "low_contrast@2": 2, "low_contrast@3": 3}
+PLANNER_SIGNALS = {"tier": None, "hf_energy@2": 2, "hf_energy@3": 3, "x0_contrast@2": 2, "x0_contrast@3": 3}
 MIN_RHO = 0.3  # a signal weaker than this is dropped
 
 
@@ -253,11 +253,11 @@ def calibrate(cache: Path) -> dict:
     result = run_sweep("train", cache)
     records = need_records(result, "train", cache)
     rho = correlations(records)
-    # a tier table gives each tier its own count (either sign helps); energy bins assume more energy -> more steps
-    usable = {
-        s: abs(v) if s == "tier" else v for s, v in rho.items() if s in PLANNER_SIGNALS and not math.isnan(v)
-    }
+    # either sign predicts: a tier table gives each tier its own count, and a probe signal is oriented by the
+    # sign of its correlation (the table's bins then give more steps to more of the oriented signal)
+    usable = {s: abs(v) for s, v in rho.items() if s in PLANNER_SIGNALS and not math.isnan(v)}
     best = max(usable, key=lambda s: usable[s])
+    sign = -1 if best != "tier" and rho[best] < 0 else 1
     if usable[best] < MIN_RHO:  # no usable signal predicts the need: one step count for every image
         best = "none"
     # split by tier only when the tier itself predicts the need; otherwise every tier gets the pooled bins
@@ -270,12 +270,13 @@ def calibrate(cache: Path) -> dict:
         if best in ("tier", "none"):
             signal, bins = [0.0] * len(recs), 1
         else:
-            signal, bins = [r[best] for r in recs], 3
+            signal, bins = [sign * r[best] for r in recs], 3
         tiers[tier] = cal.fit_bins(signal, [r["need"] for r in recs], bins=bins, min_steps=8, max_steps=30)
     for tier in ("simple", "neutral", "detailed"):  # an unseen tier gets the neutral rows (or the max)
         tiers.setdefault(tier, tiers.get("neutral", [[math.inf, 30]]))
     table = {
         "signal": best.split("@")[0] if "@" in best else "tier",
+        "sign": sign,
         "probe_steps": PLANNER_SIGNALS.get(best) or 1,
         "tiers": tiers,
         "meta": {
@@ -285,7 +286,8 @@ def calibrate(cache: Path) -> dict:
             "chosen_signal": best,
             "spearman_train": {k: None if math.isnan(v) else round(v, 3) for k, v in rho.items()},
             "guidance_scale": GUIDANCE,
-            "prompts": f"{len(records)} train-split images (sample_attributes(48, seed=7, 'train'), seed 3000 + i)",
+            "prompts": f"{len(records)} train-split images (sample_attributes({TRAIN[0]['n']}, seed=7, split='train'), "
+            "seed 3000 + i)",
             "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "weights": os.environ.get("FASTDIFF_TINY_WEIGHTS") or "shipped fastdiff/tiny/weights",
         },

@@ -170,20 +170,44 @@ def test_spearman_is_invariant_to_monotone_transforms():
     assert cal.spearman(x, y) == pytest.approx(cal.spearman([math.exp(5 * v) for v in x], [v**3 for v in y]))
 
 
-def test_low_contrast_is_minus_the_spatial_std_and_picks_its_bin():
+def test_x0_contrast_is_the_spatial_std_and_the_table_sign_orients_it():
     import numpy as np
 
-    from fastdiff.dynamic.auto_steps import low_contrast
+    from fastdiff.dynamic.auto_steps import x0_contrast
 
-    x = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(1)) * torch.tensor(
-        [0.1, 1.0, 3.0]
-    ).view(3, 1, 1, 1)
-    ref = [-np.mean([np.std(x[b, c].numpy().astype(np.float64), ddof=1) for c in range(4)]) for b in range(3)]
-    assert low_contrast(x).tolist() == pytest.approx(ref, rel=1e-5)
-    assert low_contrast(x + 7.0).tolist() == pytest.approx(ref, rel=1e-5), "brightness is not contrast"
+    scale = torch.tensor([0.1, 1.0, 3.0]).view(3, 1, 1, 1)
+    x = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(1)) * scale
+    ref = [np.mean([np.std(x[b, c].numpy().astype(np.float64), ddof=1) for c in range(4)]) for b in range(3)]
+    assert x0_contrast(x).tolist() == pytest.approx(ref, rel=1e-5)
+    assert x0_contrast(x + 7.0).tolist() == pytest.approx(ref, rel=1e-5), "brightness is not contrast"
     with pytest.raises(ValueError, match="B, C, H, W"):
-        low_contrast(torch.zeros(4, 8, 8))
-    table = {"signal": "low_contrast", "tiers": {"neutral": [[-2.0, 8], [-0.5, 12], [math.inf, 20]]}}
-    auto = AutoSteps(None, table=table)
-    assert [c.steps for c in auto.choose(x)] == [20, 12, 8], "the blurriest x0 gets the most steps"
-    assert "low contrast" in auto.choose(x)[0].reason
+        x0_contrast(torch.zeros(4, 8, 8))
+    bins = [[0.5, 8], [2.0, 12], [math.inf, 20]]
+    auto = AutoSteps(None, table={"signal": "x0_contrast", "tiers": {"neutral": bins}})
+    assert [c.steps for c in auto.choose(x)] == [8, 12, 20], "more contrast, more steps"
+    assert "x0 contrast" in auto.choose(x)[0].reason
+    flipped = AutoSteps(
+        None,
+        table={
+            "signal": "x0_contrast",
+            "sign": -1,
+            "tiers": {"neutral": [[-2.0, 8], [-0.5, 12], [math.inf, 20]]},
+        },
+    )
+    assert [c.steps for c in flipped.choose(x)] == [20, 12, 8], "sign -1: less contrast, more steps"
+    with pytest.raises(ValueError, match="sign must be 1 or -1, got 2"):
+        AutoSteps(table={"signal": "x0_contrast", "sign": 2, "tiers": {"neutral": bins}})
+
+
+def test_committed_table_is_calibrated_on_shipped_weights_and_reports_its_signal():
+    from fastdiff.dynamic.auto_steps_table import TABLE
+
+    meta = TABLE["meta"]
+    assert "/tmp" not in meta["weights"] and "shipped" in meta["weights"]
+    assert "train" in meta["prompts"], "calibrated on train-split prompts (held-out ones judge it)"
+    assert TABLE["signal"] in ("hf_energy", "x0_contrast", "tier") and 1 <= TABLE["probe_steps"] <= 8
+    assert set(meta["spearman_train"]) >= {"tier", "hf_energy@2"}
+    chosen = meta["chosen_signal"]
+    assert chosen == "none" or abs(meta["spearman_train"][chosen]) >= 0.3, "a weak signal is dropped"
+    auto = AutoSteps()
+    assert auto.probe_steps == TABLE["probe_steps"] and auto.signal == TABLE["signal"]

@@ -35,14 +35,14 @@ __all__ = [
     "DETAILED_WORDS",
     "prompt_tier",
     "high_frequency_energy",
-    "low_contrast",
+    "x0_contrast",
 ]
 
 SIMPLE_WORDS = ("sketch", "flat", "minimalist", "plain", "simple")
 DETAILED_WORDS = ("detailed", "intricate", "4k", "textured", "striped", "checkered", "noisy")
 TIERS = ("simple", "neutral", "detailed")
 # what a table's bins are keyed on; "tier": one bin per tier, x0 unused
-SIGNALS = ("hf_energy", "low_contrast", "tier")
+SIGNALS = ("hf_energy", "x0_contrast", "tier")
 
 
 def prompt_tier(prompt: str | None) -> tuple[str, list[str]]:
@@ -79,20 +79,21 @@ def high_frequency_energy(x0: torch.Tensor, cutoff: float = 0.25) -> torch.Tenso
     return (high / total).float()
 
 
-def low_contrast(x0: torch.Tensor) -> torch.Tensor:
-    """Per-row minus the spatial standard deviation of the x0 prediction (mean over channels).
+def x0_contrast(x0: torch.Tensor) -> torch.Tensor:
+    """Per-row spatial standard deviation of the x0 prediction (mean over channels). x0: (B, C, H, W).
 
-    An undecided early x0 prediction is a blend of the images it could still become, so its contrast is low;
-    the sign makes "more signal" mean "more steps", like the other signals. x0: (B, C, H, W).
+    An early x0 prediction that is still undecided is a blend of the images it could become (low contrast);
+    one that has committed to a composition early shows it (high contrast). Which of the two needs more steps
+    is measured, not assumed: a table stores the ``sign`` its calibration found.
     """
     if x0.ndim != 4:
-        raise ValueError(f"low_contrast expects (B, C, H, W), got shape {tuple(x0.shape)}")
-    return -x0.double().flatten(2).std(dim=-1).mean(dim=1).float()
+        raise ValueError(f"x0_contrast expects (B, C, H, W), got shape {tuple(x0.shape)}")
+    return x0.double().flatten(2).std(dim=-1).mean(dim=1).float()
 
 
 def _signal(name: str, x0: torch.Tensor) -> torch.Tensor:
-    if name == "low_contrast":
-        return low_contrast(x0)
+    if name == "x0_contrast":
+        return x0_contrast(x0)
     return high_frequency_energy(x0)  # also reported (not used) by a "tier" table
 
 
@@ -126,6 +127,8 @@ class AutoSteps(StepPlanner):
         signal = table.get("signal", "hf_energy")
         if signal not in SIGNALS:
             raise ValueError(f"AutoSteps table signal must be one of {SIGNALS}, got {signal!r}")
+        if table.get("sign", 1) not in (1, -1):
+            raise ValueError(f"AutoSteps table sign must be 1 or -1, got {table.get('sign')!r}")
         if probe_steps is None:
             probe_steps = int(table.get("probe_steps", 2))
         for name, v in (("min_steps", min_steps), ("max_steps", max_steps), ("probe_steps", probe_steps)):
@@ -141,6 +144,7 @@ class AutoSteps(StepPlanner):
         self.probe_steps = probe_steps
         self.table = table
         self.signal = signal
+        self.sign = table.get("sign", 1)
 
     @property
     def probe_schedule(self) -> int:
@@ -180,7 +184,7 @@ class AutoSteps(StepPlanner):
     def choose(self, x0_probe: torch.Tensor) -> list[StepChoice]:
         """Pick a step count for every row of a probe's x0 prediction."""
         batch = x0_probe.shape[0]
-        energy = _signal(self.signal, x0_probe)
+        energy = self.sign * _signal(self.signal, x0_probe)
         choices = []
         for r in range(batch):
             tier, words = prompt_tier(self._prompt_for(r, batch))
@@ -188,8 +192,9 @@ class AutoSteps(StepPlanner):
             raw, rule = self.steps_for(tier, e)
             steps = max(self.min_steps, min(self.max_steps, raw))
             matched = f" (matched {', '.join(words)})" if words else ""
-            label = {"hf_energy": "high-frequency energy", "low_contrast": "low contrast (-std of x0)"}
-            probe = "" if self.signal == "tier" else f", probe {label[self.signal]} {e:.4f}"
+            label = {"hf_energy": "high-frequency energy", "x0_contrast": "x0 contrast"}.get(self.signal)
+            sign = "-" if self.sign < 0 else ""
+            probe = "" if self.signal == "tier" else f", probe {sign}{label} {e:.4f}"
             reason = (
                 f"auto: prompt tier '{tier}'{matched}{probe} after {self.probe_steps} step(s); {rule}; "
                 f"clamped to [{self.min_steps}, {self.max_steps}] -> {steps}"
