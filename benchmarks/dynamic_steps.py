@@ -247,9 +247,16 @@ def correlations(records: list[dict]) -> dict:
 # signals AutoSteps can compute from the one x0 prediction the StepPlanner protocol hands it
 PLANNER_SIGNALS = {"tier": None, "hf_energy@2": 2, "hf_energy@3": 3, "x0_contrast@2": 2, "x0_contrast@3": 3}
 MIN_RHO = 0.3  # a signal weaker than this is dropped
+DROPPED = (
+    "x0_contrast@2 (train rho 0.37, 24 images) predicted nothing on 72 held-out images (rho 0.06; every candidate "
+    "|rho| < 0.25 there): no signal is used"
+)
 
 
-def calibrate(cache: Path) -> dict:
+def calibrate(cache: Path, signal: str = "best") -> dict:
+    """Fit the table. ``signal="best"``: the candidate with the largest |rho| on the train images, if it
+    reaches MIN_RHO; ``"none"``: one step count for every image (used once held-out images showed that no
+    candidate predicts the need, see the results file)."""
     result = run_sweep("train", cache)
     records = need_records(result, "train", cache)
     rho = correlations(records)
@@ -258,7 +265,7 @@ def calibrate(cache: Path) -> dict:
     usable = {s: abs(v) for s, v in rho.items() if s in PLANNER_SIGNALS and not math.isnan(v)}
     best = max(usable, key=lambda s: usable[s])
     sign = -1 if best != "tier" and rho[best] < 0 else 1
-    if usable[best] < MIN_RHO:  # no usable signal predicts the need: one step count for every image
+    if usable[best] < MIN_RHO or signal == "none":  # no signal predicts the need: one count for every image
         best = "none"
     # split by tier only when the tier itself predicts the need; otherwise every tier gets the pooled bins
     split = best == "tier" or (best != "none" and usable.get("tier", 0.0) >= MIN_RHO)
@@ -284,6 +291,7 @@ def calibrate(cache: Path) -> dict:
             "reference": "100-step DPM-Solver++(2M) Karras, same noise",
             "candidates": NEED_GRID,
             "chosen_signal": best,
+            "dropped": DROPPED if signal == "none" else None,
             "spearman_train": {k: None if math.isnan(v) else round(v, 3) for k, v in rho.items()},
             "guidance_scale": GUIDANCE,
             "prompts": f"{len(records)} train-split images (sample_attributes({TRAIN[0]['n']}, seed=7, split='train'), "
@@ -359,13 +367,15 @@ def paired(rows_a: list[dict], rows_b: list[dict]) -> str:
     b = {(r["prompt"], r["seed"]): r["attr_all"] for r in rows_b}
     only_a = sum(1 for r in rows_a if r["attr_all"] and not b[(r["prompt"], r["seed"])])
     only_b = sum(1 for r in rows_a if not r["attr_all"] and b[(r["prompt"], r["seed"])])
-    return f"{only_a} / {only_b}"
+    n, k = only_a + only_b, min(only_a, only_b)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0  # exact McNemar
+    return f"{only_a} / {only_b} (p = {p:.2g})"
 
 
 def report(cache: Path, load: str) -> None:
     from fastdiff.sweep.collate import collate
 
-    def load(kind):
+    def folder(kind):
         if not (cache / kind / "sweep.json").exists():
             return None, {}, {}
         result = collate(cache / kind, plots=False)
@@ -374,8 +384,8 @@ def report(cache: Path, load: str) -> None:
             by_config.setdefault(r["config"], []).append(r)
         return result, by_config, {name: summarise(rows) for name, rows in by_config.items()}
 
-    held, by_held, sum_held = load("heldout")
-    result, by_config, summary = load("need")
+    held, by_held, sum_held = folder("heldout")
+    result, by_config, summary = folder("need")
     sections, data = [], {"summary_need_72": summary, "summary_heldout_144": sum_held}
 
     # fixed schedules
@@ -483,7 +493,7 @@ def report(cache: Path, load: str) -> None:
         ]
         sections.append(
             "## LCM draft + teacher refine against the teacher alone at equal NFE\n\n"
-            + markdown_table(drafts)
+            + markdown_table(drafts, list(dict.fromkeys(k for r in drafts for k in r)))
             + "\nDraft as a preview: share of images whose 4-step draft shows the same attributes as the refined image\n\n"
             + "| method | shape colour | background colour | shape | all |\n|---|---|---|---|---|\n"
             + "\n".join(agree_lines)
@@ -493,7 +503,8 @@ def report(cache: Path, load: str) -> None:
     if (cache / "exact.md").exists():
         sections.append((cache / "exact.md").read_text())
     meta = env_info()
-    meta["load"] = load
+    runs = (cache / "log.txt").read_text().splitlines() if (cache / "log.txt").exists() else []
+    meta["load"] = {"report": load, "runs": runs}
     notes = (
         "fastdiff-tiny, shipped weights, guidance 5, 72 held-out prompt combinations (colour pairs never trained on); "
         "the draft comparison uses 2 seeds each (1000 + i, 5000 + i: 144 images), the step grid and auto steps the "
@@ -507,7 +518,9 @@ def report(cache: Path, load: str) -> None:
     data["goals"] = goal_lines(summary, sum_held, data)
     goals = "\n".join(f"- {g}" for g in data["goals"]) + "\n"
     path_md.write_text(
-        f"# {NAME}\n\n{hardware_line(meta)}; load {load}\n\n{notes}\n\n## Goals\n\n{goals}\n"
+        f"# {NAME}\n\n{hardware_line(meta)}\n\n{notes}\n\nLoad average (1, 5, 15 min) before -> after each run:\n\n"
+        + "".join(f"    {line}\n" for line in runs)
+        + f"\n## Goals\n\n{goals}\n"
         + "\n".join(sections)
     )
     (RESULTS_DIR / f"{NAME}.json").write_text(
@@ -610,6 +623,7 @@ def main():
     ap.add_argument(
         "--only", nargs="*", default=(), help="held-out configurations whose name contains any of these"
     )
+    ap.add_argument("--signal", choices=["best", "none"], default="best", help="calibrate: drop the signal")
     ap.add_argument("--cache", default="/tmp/fastdiff-dynamic-steps", help="sweep folders and probe signals")
     args = ap.parse_args()
     cache = Path(args.cache)
@@ -617,7 +631,7 @@ def main():
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     if args.phase == "calibrate":
-        calibrate(cache)
+        calibrate(cache, args.signal)
     elif args.phase in ("heldout", "need"):
         run_sweep(args.phase, cache, args.only)
     elif args.phase == "exact":

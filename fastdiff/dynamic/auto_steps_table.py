@@ -9,19 +9,16 @@ rank correlation of every candidate signal with that need (see ``results/dynamic
 import math
 
 TABLE = {
-    "signal": "x0_contrast",
+    "signal": "tier",
     "sign": 1,
-    "probe_steps": 2,
-    "tiers": {
-        "simple": [[1.1484888792037964, 20], [1.269115924835205, 25], [math.inf, 25]],
-        "neutral": [[1.1484888792037964, 20], [1.269115924835205, 25], [math.inf, 25]],
-        "detailed": [[1.1484888792037964, 20], [1.269115924835205, 25], [math.inf, 25]],
-    },
+    "probe_steps": 1,
+    "tiers": {"simple": [[math.inf, 25]], "neutral": [[math.inf, 25]], "detailed": [[math.inf, 25]]},
     "meta": {
         "psnr_target_db": 30.0,
         "reference": "100-step DPM-Solver++(2M) Karras, same noise",
         "candidates": [8, 10, 12, 13, 16, 20, 25],
-        "chosen_signal": "x0_contrast@2",
+        "chosen_signal": "none",
+        "dropped": None,
         "spearman_train": {
             "tier": 0.077,
             "hf_energy@2": 0.051,
@@ -33,7 +30,7 @@ TABLE = {
         },
         "guidance_scale": 5.0,
         "prompts": "24 train-split images (sample_attributes(24, seed=7, split='train'), seed 3000 + i)",
-        "measured": "2026-12-03 13:28 UTC",
+        "measured": "2026-12-03 13:49 UTC",
         "weights": "shipped fastdiff/tiny/weights",
     },
 }
