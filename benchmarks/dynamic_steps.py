@@ -247,6 +247,10 @@ def correlations(records: list[dict]) -> dict:
 # signals AutoSteps can compute from the one x0 prediction the StepPlanner protocol hands it
 PLANNER_SIGNALS = {"tier": None, "hf_energy@2": 2, "hf_energy@3": 3, "x0_contrast@2": 2, "x0_contrast@3": 3}
 MIN_RHO = 0.3  # a signal weaker than this is dropped
+TABLE_NOTES = {  # tables measured on held-out images and then replaced (the sweep keeps their rows)
+    "af674a31": "The x0-contrast table (commit 29de082: x0 contrast after 2 probe steps, 3 bins, 20 or 25 "
+    "steps), fitted on train images where its signal had rho 0.37; dropped after this held-out run.\n\n",
+}
 DROPPED = (
     "x0_contrast@2 (train rho 0.37, 24 images) predicted nothing on 72 held-out images (rho 0.06; every candidate "
     "|rho| < 0.25 there): no signal is used"
@@ -372,6 +376,17 @@ def paired(rows_a: list[dict], rows_b: list[dict]) -> str:
     return f"{only_a} / {only_b} (p = {p:.2g})"
 
 
+def preset_steps(summary: dict, share: float):
+    """The fewest grid steps with at least ``share`` of the images at >= THRESHOLD_DB (None if none)."""
+    for n in NEED_GRID:
+        s = summary.get(fixed_name(n))
+        if s:
+            hit, total = map(int, s["images >= 30 dB"].split("/"))
+            if hit >= share * total:
+                return n
+    return None
+
+
 def report(cache: Path, load: str) -> None:
     from fastdiff.sweep.collate import collate
 
@@ -393,7 +408,12 @@ def report(cache: Path, load: str) -> None:
     table = [{"method": k, **summary[k]} for k in fixed if k in summary]
     sections.append(
         '## Fixed DPM-Solver++(2M) schedules (schedule "auto": trailing <= 10 steps, Karras above)\n\n'
-        "First seed only (72 held-out images).\n\n" + markdown_table(table)
+        "First seed only (72 held-out images).\n\n"
+        + markdown_table(table)
+        + "\nFewest steps with at least 50% / 75% / 95% of the images at >= 30 dB (the presets' rule, "
+        + "fastdiff/dynamic/presets.py): "
+        + " / ".join(str(preset_steps(summary, q)) for q in (0.5, 0.75, 0.95))
+        + "\n"
     )
 
     # auto steps
@@ -403,7 +423,7 @@ def report(cache: Path, load: str) -> None:
         else None
     )
     records = need_records(result, "need", cache) if result else []
-    auto = next((k for k in by_config if k.startswith("auto (")), None)
+    autos = sorted((k for k in by_config if k.startswith("auto (")), key=lambda k: k == auto_name())
     if records:
         rho = correlations(records)
         needs = [r["need"] for r in records]
@@ -422,15 +442,15 @@ def report(cache: Path, load: str) -> None:
         for s in SIGNALS:
             tr = calib["rho"][s] if calib else float("nan")
             lines.append(f"| {s} | {tr:.3f} | {rho[s]:.3f} |")
-        if auto:
+        for auto in autos:
             chosen = {(r["prompt"], r["seed"]): r["steps"] for r in by_config[auto]}
             rho_auto = cal.spearman([chosen[(r["prompt"], r["seed"])] for r in records], needs)
-            data["heldout_need"]["spearman_auto_choice"] = rho_auto
-            lines.append(f"| AutoSteps' chosen step count | | {rho_auto:.3f} |")
+            data["heldout_need"].setdefault("spearman_auto_choice", {})[auto] = rho_auto
+            lines.append(f"| steps chosen by {auto} | | {rho_auto:.3f} |")
         sections.append(
             "## Does the complexity signal predict the steps an image needs?\n\n" + "\n".join(lines) + "\n"
         )
-    if auto:
+    for auto in autos:
         nfe = summary[auto]["mean NFE"]
         grid_at = [n for n in NEED_GRID if n >= nfe]
         comp = fixed_name(grid_at[0]) if grid_at else fixed_name(NEED_GRID[-1])
@@ -442,9 +462,10 @@ def report(cache: Path, load: str) -> None:
         if below:
             rows.append({"method": fixed_name(below[-1]), **summary[fixed_name(below[-1])]})
         steps = [r["steps"] for r in by_config[auto]]
-        data["auto"] = {"comparator": comp, "steps": steps}
+        data.setdefault("auto", {})[auto] = {"comparator": comp, "steps": steps}
         sections.append(
-            "## Auto steps against the fixed schedule of equal mean NFE\n\n"
+            f"## {auto} against the fixed schedule of equal mean NFE\n\n"
+            + TABLE_NOTES.get(auto.split("table ")[-1].rstrip(")"), "")
             + markdown_table(rows)
             + "\nSteps chosen per image: "
             + ", ".join(f"{n}: {steps.count(n)}" for n in sorted(set(steps)))
@@ -536,22 +557,22 @@ def _met(ok: bool) -> str:
 def goal_lines(summary: dict, sum_held: dict, data: dict) -> list[str]:
     """Each goal of issue #12 this file measures, met or not met, with the figures that decide it."""
     out = []
-    need = data.get("heldout_need")
-    if need:
-        rho = need.get("spearman_auto_choice", math.nan)
+    need = data.get("heldout_need") or {}
+    for auto, rho in need.get("spearman_auto_choice", {}).items():
+        if math.isnan(rho):
+            out.append(f"{auto} uses no signal (one count for every image): nothing to correlate")
+            continue
         out.append(
-            f"Auto steps' choice predicts the steps a held-out image needs (Spearman rho >= {MIN_RHO}): "
+            f"The steps chosen by {auto} predict the steps a held-out image needs (Spearman rho >= {MIN_RHO}): "
             f"{_met(rho >= MIN_RHO)} (rho = {rho:.3f})"
         )
-    auto = data.get("auto")
-    if auto:
-        a = next(summary[k] for k in summary if k.startswith("auto ("))
-        f = summary[auto["comparator"]]
+    for auto, info in data.get("auto", {}).items():
+        a, f = summary[auto], summary[info["comparator"]]
         ok = a["PSNR worst"] > f["PSNR worst"] and a["attr all"] >= f["attr all"]
         out.append(
-            f"Auto steps beat the fixed schedule of equal mean NFE (worst-image PSNR higher, attribute accuracy no "
-            f"lower): {_met(ok)} (auto {a['mean NFE']} NFE: worst {a['PSNR worst']} dB, attributes {a['attr all']}; "
-            f"{auto['comparator']}: worst {f['PSNR worst']} dB, attributes {f['attr all']})"
+            f"{auto} beats the fixed schedule of equal mean NFE (worst-image PSNR higher, attribute accuracy no "
+            f"lower): {_met(ok)} ({a['mean NFE']} NFE: worst {a['PSNR worst']} dB, attributes {a['attr all']}; "
+            f"{info['comparator']}: worst {f['PSNR worst']} dB, attributes {f['attr all']})"
         )
     for total, pairs_ in DRAFTS.items():
         teachers = [k for k in sum_held if k == fixed_name(total) or k.startswith(fixed_name(total) + " ")]
