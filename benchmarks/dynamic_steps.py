@@ -6,22 +6,30 @@ each decoded image against a **100-step DPM-Solver++(2M) Karras reference from t
 worst image, never pooled), beside attribute accuracy (``fastdiff.metrics``). Runs go through
 ``fastdiff.sweep`` (resumable folders under ``--cache``; the reference is computed once per folder).
 
-* ``--phase calibrate``: train-split prompts. Every image's *need* (fewest steps of DPM-Solver++(2M), the
-  presets' sampler, reaching ``THRESHOLD_DB`` against its reference) and the candidate complexity signals of
-  a probe (prompt tier, high-frequency energy of the x0 prediction, x0 change between probe steps). The signal
-  used by ``steps="auto"`` is judged by Spearman's correlation with the need; the table is fitted and written
-  to ``fastdiff/dynamic/auto_steps_table.py``.
-* ``--phase heldout [--only WORDS]``: the held-out sweep (72 colour pairs never trained on x 2 seeds = 144
-  images): the reference, fixed step counts, ``steps="auto"``, the 4-step LCM draft alone and draft + refine
-  at 10 and 13 total NFE with refine strengths 0.3 / 0.5 / 0.75. Split into parts with ``--only``.
-* ``--phase report``: the results file ``results/dynamic_steps.{json,md}`` from the folders.
+* ``--phase calibrate [--signal best|none]``: 24 train-split images. Every image's *need* (fewest steps of
+  DPM-Solver++(2M), the presets' sampler, reaching ``THRESHOLD_DB`` against its reference) and the candidate
+  complexity signals of a probe (prompt tier, high-frequency energy and contrast of the x0 prediction, x0
+  change between probe steps). The signal used by ``steps="auto"`` is the one with the largest Spearman
+  correlation with the need, if it reaches ``MIN_RHO``; ``--signal none`` drops it. The table is written to
+  ``fastdiff/dynamic/auto_steps_table.py``.
+* ``--phase heldout [--only WORDS]``: 72 held-out colour pairs x 2 seeds = 144 images: the reference, the
+  teacher at 8/10/13 steps (both schedules at 10 and 13), the 4-step LCM draft alone and draft + refine at
+  10 and 13 total NFE with refine strengths 0.3 / 0.5 / 0.75.
+* ``--phase need [--only WORDS]``: the first seed's 72 images: the step grid that measures each image's need
+  and ``steps="auto"`` (named with a hash of the table, so a new table is a new row). Rows the held-out
+  folder already has for these seeds are copied, not recomputed.
+* ``--phase report``: the results file ``results/dynamic_steps.{json,md}`` (goals met / not met) from the
+  folders, with the load average logged by every run.
 * ``--phase exact``: fixed DPM-Solver++(2M) step counts on the exact Gaussian mixture, error against the
   exact probability-flow solution (the equal-cost baseline; no mode of this file applies to the mixture).
 
-Early stop and adaptive step-size controllers are measured in ``benchmarks/step_control.py``.
+Early stop and adaptive step-size controllers are measured in ``benchmarks/step_control.py``. (One file of
+~650 lines: the phases share the configuration names, seeds and folders, which must not drift apart.)
 
     flock /tmp/fastdiff-heavy.lock python benchmarks/dynamic_steps.py --phase calibrate
-    flock /tmp/fastdiff-heavy.lock python benchmarks/dynamic_steps.py --phase heldout --only reference "fixed 8"
+    flock /tmp/fastdiff-heavy.lock python benchmarks/dynamic_steps.py --phase heldout --only "fixed 13" LCM
+    flock /tmp/fastdiff-heavy.lock python benchmarks/dynamic_steps.py --phase need
+    python benchmarks/dynamic_steps.py --phase exact
     python benchmarks/dynamic_steps.py --phase report
 """
 

@@ -1,22 +1,21 @@
 """Choose a step count per sample: ``steps="auto"``.
 
-Two cheap signals can decide how many sampler steps an image needs:
+A planner runs a short probe (the first ``probe_steps`` steps of the ``min_steps`` schedule) and looks the
+image up in a calibrated table (:mod:`fastdiff.dynamic.auto_steps_table`, written by
+``benchmarks/dynamic_steps.py --phase calibrate`` from the shipped fastdiff-tiny weights and train-split
+prompts). The table names its ``signal``:
 
-1. **the prompt**: keyword tiers. "sketch, flat, minimalist, plain, simple" describe images made of large
-   uniform regions, which converge in few steps; "detailed, intricate, 4k, textured, striped, checkered,
-   noisy" describe high-frequency content that later, low-noise steps still have to draw.
-2. **a probe**: after the first ``probe_steps`` steps of the shortest schedule, the share of the x0
-   prediction's spectral energy above half the Nyquist frequency (per channel, mean removed).
+* ``"hf_energy"``: the share of the probe's x0 spectral energy above half the Nyquist frequency;
+* ``"x0_contrast"``: the spatial standard deviation of the probe's x0 (times the table's ``sign``);
+* ``"tier"``: the prompt's keyword tier alone ("sketch, flat, minimalist, plain, simple" against "detailed,
+  intricate, 4k, textured, striped, checkered, noisy").
 
-A calibrated table (:mod:`fastdiff.dynamic.auto_steps_table`, produced by
-``benchmarks/dynamic_steps.py --phase calibrate`` on the shipped fastdiff-tiny weights and train-split
-prompts) names the signal it uses (``"signal"``: ``"hf_energy"`` or ``"tier"``, the tier alone) and maps
-(tier, signal) to the smallest step count that brought every calibration image of that bin to the fidelity
-target against its 100-step reference. Each candidate signal is kept only if it predicts the steps an image
-needs (Spearman correlation, :mod:`fastdiff.dynamic.step_calibration`); the figures are in
-``benchmarks/results/dynamic_steps.md``. The probe's steps are not wasted when the shortest schedule is
-chosen (the run simply continues), and when the chosen schedule starts at the same timestep the first
-evaluation is reused.
+A signal is kept only if it predicts the steps an image needs (Spearman correlation with the fewest steps
+reaching the fidelity target against its 100-step reference, :mod:`fastdiff.dynamic.step_calibration`). On
+fastdiff-tiny none did on held-out prompts (``benchmarks/results/dynamic_steps.md``), so the committed table
+gives every image one count: the steps that brought every calibration image to the target. The probe's
+steps are not wasted when the shortest schedule is chosen (the run simply continues), and when the chosen
+schedule starts at the same timestep the first evaluation is reused (with a one-step probe: nothing lost).
 """
 
 from __future__ import annotations
