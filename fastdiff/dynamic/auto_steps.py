@@ -1,18 +1,21 @@
 """Choose a step count per sample: ``steps="auto"``.
 
-Two cheap signals decide how many sampler steps an image needs:
+A planner runs a short probe (the first ``probe_steps`` steps of the ``min_steps`` schedule) and looks the
+image up in a calibrated table (:mod:`fastdiff.dynamic.auto_steps_table`, written by
+``benchmarks/dynamic_steps.py --phase calibrate`` from the shipped fastdiff-tiny weights and train-split
+prompts). The table names its ``signal``:
 
-1. **the prompt**: keyword tiers. "sketch, flat, minimalist, plain, simple" describe images made of large
-   uniform regions, which converge in few steps; "detailed, intricate, 4k, textured, striped, checkered,
-   noisy" describe high-frequency content that later, low-noise steps still have to draw.
-2. **a probe**: after the first ``probe_steps`` steps of the shortest schedule, the share of the x0
-   prediction's spectral energy above half the Nyquist frequency (per channel, mean removed).
+* ``"hf_energy"``: the share of the probe's x0 spectral energy above half the Nyquist frequency;
+* ``"x0_contrast"``: the spatial standard deviation of the probe's x0 (times the table's ``sign``);
+* ``"tier"``: the prompt's keyword tier alone ("sketch, flat, minimalist, plain, simple" against "detailed,
+  intricate, 4k, textured, striped, checkered, noisy").
 
-A calibrated table (:mod:`fastdiff.dynamic.auto_steps_table`, produced by
-``benchmarks/dynamic_steps.py --calibrate`` on the tiny trained model) maps (tier, energy) to the smallest
-step count whose output stayed within a fidelity target of the full-length run. The probe's steps are not
-wasted when the shortest schedule is chosen (the run simply continues), and when the chosen schedule
-starts at the same timestep the first evaluation is reused.
+A signal is kept only if it predicts the steps an image needs (Spearman correlation with the fewest steps
+reaching the fidelity target against its 100-step reference, :mod:`fastdiff.dynamic.step_calibration`). On
+fastdiff-tiny none did on held-out prompts (``benchmarks/results/dynamic_steps.md``), so the committed table
+gives every image one count: the steps that brought every calibration image to the target. The probe's
+steps are not wasted when the shortest schedule is chosen (the run simply continues), and when the chosen
+schedule starts at the same timestep the first evaluation is reused (with a one-step probe: nothing lost).
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ __all__ = [
     "DETAILED_WORDS",
     "prompt_tier",
     "high_frequency_energy",
+    "x0_contrast",
 ]
 
 SIMPLE_WORDS = ("sketch", "flat", "minimalist", "plain", "simple")
 DETAILED_WORDS = ("detailed", "intricate", "4k", "textured", "striped", "checkered", "noisy")
 TIERS = ("simple", "neutral", "detailed")
+# what a table's bins are keyed on; "tier": one bin per tier, x0 unused
+SIGNALS = ("hf_energy", "x0_contrast", "tier")
 
 
 def prompt_tier(prompt: str | None) -> tuple[str, list[str]]:
@@ -72,6 +78,24 @@ def high_frequency_energy(x0: torch.Tensor, cutoff: float = 0.25) -> torch.Tenso
     return (high / total).float()
 
 
+def x0_contrast(x0: torch.Tensor) -> torch.Tensor:
+    """Per-row spatial standard deviation of the x0 prediction (mean over channels). x0: (B, C, H, W).
+
+    An early x0 prediction that is still undecided is a blend of the images it could become (low contrast);
+    one that has committed to a composition early shows it (high contrast). Which of the two needs more steps
+    is measured, not assumed: a table stores the ``sign`` its calibration found.
+    """
+    if x0.ndim != 4:
+        raise ValueError(f"x0_contrast expects (B, C, H, W), got shape {tuple(x0.shape)}")
+    return x0.double().flatten(2).std(dim=-1).mean(dim=1).float()
+
+
+def _signal(name: str, x0: torch.Tensor) -> torch.Tensor:
+    if name == "x0_contrast":
+        return x0_contrast(x0)
+    return high_frequency_energy(x0)  # also reported (not used) by a "tier" table
+
+
 def _default_table() -> dict:
     from fastdiff.dynamic.auto_steps_table import TABLE
 
@@ -84,7 +108,8 @@ class AutoSteps(StepPlanner):
     Args:
         prompts: one prompt per row (or one for all rows); None means "neutral".
         min_steps, max_steps: the budget range; choices are clamped into it.
-        probe_steps: steps of the ``min_steps`` schedule run before deciding.
+        probe_steps: steps of the ``min_steps`` schedule run before deciding; None: the table's
+            ``probe_steps`` (2 if it has none).
         table: calibration table (see :mod:`fastdiff.dynamic.auto_steps_table`); default: the committed one.
     """
 
@@ -94,9 +119,17 @@ class AutoSteps(StepPlanner):
         *,
         min_steps: int = 8,
         max_steps: int = 30,
-        probe_steps: int = 2,
+        probe_steps: int | None = None,
         table: dict | None = None,
     ):
+        table = table if table is not None else _default_table()
+        signal = table.get("signal", "hf_energy")
+        if signal not in SIGNALS:
+            raise ValueError(f"AutoSteps table signal must be one of {SIGNALS}, got {signal!r}")
+        if table.get("sign", 1) not in (1, -1):
+            raise ValueError(f"AutoSteps table sign must be 1 or -1, got {table.get('sign')!r}")
+        if probe_steps is None:
+            probe_steps = int(table.get("probe_steps", 2))
         for name, v in (("min_steps", min_steps), ("max_steps", max_steps), ("probe_steps", probe_steps)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"AutoSteps {name} must be an int >= 1, got {v!r}")
@@ -108,7 +141,9 @@ class AutoSteps(StepPlanner):
         self.min_steps = min_steps
         self.max_steps = max_steps
         self.probe_steps = probe_steps
-        self.table = table if table is not None else _default_table()
+        self.table = table
+        self.signal = signal
+        self.sign = table.get("sign", 1)
 
     @property
     def probe_schedule(self) -> int:
@@ -135,8 +170,10 @@ class AutoSteps(StepPlanner):
         raise ValueError(f"AutoSteps got {len(p)} prompts for a batch of {batch}")
 
     def steps_for(self, tier: str, hf_energy: float) -> tuple[int, str]:
-        """Look up (steps, rule) for a tier and probe energy in the table."""
+        """Look up (steps, rule) for a tier and probe energy in the table (a "tier" table ignores the energy)."""
         rows = self.table["tiers"].get(tier) or self.table["tiers"]["neutral"]
+        if self.signal == "tier":
+            return int(rows[-1][1]), f"table[{tier}] -> {rows[-1][1]}"
         for upper, steps in rows:
             if hf_energy <= upper:
                 return int(steps), f"table[{tier}]: energy <= {upper:.4g} -> {steps}"
@@ -146,7 +183,7 @@ class AutoSteps(StepPlanner):
     def choose(self, x0_probe: torch.Tensor) -> list[StepChoice]:
         """Pick a step count for every row of a probe's x0 prediction."""
         batch = x0_probe.shape[0]
-        energy = high_frequency_energy(x0_probe)
+        energy = self.sign * _signal(self.signal, x0_probe)
         choices = []
         for r in range(batch):
             tier, words = prompt_tier(self._prompt_for(r, batch))
@@ -154,9 +191,12 @@ class AutoSteps(StepPlanner):
             raw, rule = self.steps_for(tier, e)
             steps = max(self.min_steps, min(self.max_steps, raw))
             matched = f" (matched {', '.join(words)})" if words else ""
+            label = {"hf_energy": "high-frequency energy", "x0_contrast": "x0 contrast"}.get(self.signal)
+            sign = "-" if self.sign < 0 else ""
+            probe = "" if self.signal == "tier" else f", probe {sign}{label} {e:.4f}"
             reason = (
-                f"auto: prompt tier '{tier}'{matched}, probe high-frequency energy {e:.4f} after "
-                f"{self.probe_steps} step(s); {rule}; clamped to [{self.min_steps}, {self.max_steps}] -> {steps}"
+                f"auto: prompt tier '{tier}'{matched}{probe} after {self.probe_steps} step(s); {rule}; "
+                f"clamped to [{self.min_steps}, {self.max_steps}] -> {steps}"
             )
             choices.append(StepChoice(steps=steps, tier=tier, keywords=words, hf_energy=e, reason=reason))
         return choices

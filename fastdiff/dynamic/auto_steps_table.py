@@ -1,24 +1,36 @@
-"""Calibrated step table for ``steps="auto"`` (written by ``benchmarks/dynamic_steps.py --calibrate``).
+"""Calibrated step table for ``steps="auto"`` (written by ``benchmarks/dynamic_steps.py --phase calibrate``).
 
-For each prompt tier: [(upper bound of the probe's high-frequency energy, steps), ...]. Each entry is the
-smallest step count of DPM-Solver++(2M) whose decoded image reached the PSNR target against the
-30-step image for every calibration prompt in that energy bin (and the bins below it).
+``signal``: what AutoSteps reads after ``probe_steps`` steps of the 8-step schedule; for each prompt
+tier, [(upper bound of the signal, steps), ...]: the most steps any calibration image in that bin (or a
+lower one) needed to reach ``psnr_target_db`` against its 100-step reference. ``meta`` records the
+rank correlation of every candidate signal with that need (see ``results/dynamic_steps.md``).
 """
 
+import math
+
 TABLE = {
-    "tiers": {
-        "simple": [[0.322134, 12], [0.50962, 12], [1.0, 15]],
-        "neutral": [[0.330716, 10], [0.511253, 12], [1.0, 12]],
-        "detailed": [[0.34052, 20], [0.445864, 30], [1.0, 30]],
-    },
+    "signal": "tier",
+    "sign": 1,
+    "probe_steps": 1,
+    "tiers": {"simple": [[math.inf, 25]], "neutral": [[math.inf, 25]], "detailed": [[math.inf, 25]]},
     "meta": {
         "psnr_target_db": 30.0,
-        "candidates": [8, 10, 12, 15, 20, 25, 30],
-        "probe_steps": 2,
-        "min_steps": 8,
+        "reference": "100-step DPM-Solver++(2M) Karras, same noise",
+        "candidates": [8, 10, 12, 13, 16, 20, 25],
+        "chosen_signal": "none",
+        "dropped": None,
+        "spearman_train": {
+            "tier": 0.077,
+            "hf_energy@2": 0.051,
+            "hf_energy@3": 0.026,
+            "x0_contrast@2": 0.37,
+            "x0_contrast@3": 0.287,
+            "x0_change@1-2": 0.06,
+            "x0_change@2-3": 0.134,
+        },
         "guidance_scale": 5.0,
-        "prompts": 48,
-        "measured": "2026-12-02 15:36 UTC",
-        "weights": "/tmp/fastdiff_tiny_weights",
+        "prompts": "24 train-split images (sample_attributes(24, seed=7, split='train'), seed 3000 + i)",
+        "measured": "2026-12-03 13:49 UTC",
+        "weights": "shipped fastdiff/tiny/weights",
     },
 }
