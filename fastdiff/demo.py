@@ -158,13 +158,13 @@ CONFIGS = (
     ),
     Config(
         "auto-steps",
-        "steps='auto': prompt keywords + 2-step probe -> calibrated steps per image",
+        "steps='auto': the calibrated table's step count (no per-image signal predicted need)",
         _dynamic(steps="auto"),
     ),
     Config(
         "lcm-draft+refine",
-        "LCM 4 steps, x0 re-noised to 50%, last 15 of 30 DPM-Solver++(2M) steps",
-        _dynamic(steps="quality", draft={"strength": 0.5, "steps": 4}),
+        "LCM 4 steps, x0 re-noised to 75%, last 15 of 20 DPM-Solver++(2M) steps",
+        _dynamic(steps="quality", draft={"strength": 0.75, "steps": 4}),
     ),
 )
 

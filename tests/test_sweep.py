@@ -288,11 +288,18 @@ def test_optimize_option_is_applied_for_its_configuration_and_undone_after(tmp_p
     assert base.scheduler.__class__.__name__ != "FastScheduler"  # the sampler swap is undone too
 
 
-def test_auto_steps_get_the_prompt_text_and_choose_as_a_direct_call(tmp_path):
-    """steps="auto" picks step counts from the prompt's words, so the sweep must not hide them behind
-    prompt_embeds: the per-image step counts equal a direct pipeline call's."""
+def test_auto_steps_get_the_prompt_text_and_choose_as_a_direct_call(tmp_path, monkeypatch):
+    """steps="auto" can pick step counts from the prompt's words, so the sweep must not hide them behind
+    prompt_embeds: the per-image step counts equal a direct pipeline call's. The shipped table gives every
+    tier the same count (no signal predicted need on fastdiff-tiny), so a table whose tiers differ stands in."""
+    from fastdiff.dynamic import auto_steps
     from fastdiff.sweep.setup import wrap
     from fastdiff.testing import tiny_pipeline
+
+    tiers = {"simple": [[math.inf, 8]], "neutral": [[math.inf, 8]], "detailed": [[math.inf, 12]]}
+    monkeypatch.setattr(
+        auto_steps, "_default_table", lambda: {"signal": "tier", "probe_steps": 1, "tiers": tiers}
+    )
 
     base = tiny_pipeline("sd15")
     prompts = [

@@ -32,10 +32,10 @@ class StableDiffusionPipeline(FastdiffPipelineMixin, _SDDecode, _DiffusersText2I
     """diffusers' ``StableDiffusionPipeline`` plus fastdiff's call keywords.
 
     Extra keywords (everything else goes to diffusers):
-        steps: int, ``"fast"``/``"balanced"``/``"quality"`` (10/20/30 steps of DPM-Solver++(2M)) or
-            ``"auto"`` (per-image count from the prompt and a probe).
+        steps: int, ``"fast"``/``"balanced"``/``"quality"`` (10/13/20 steps of DPM-Solver++(2M)) or
+            ``"auto"`` (the calibrated table's count; see benchmarks/results/dynamic_steps.md).
         early_stop: True, a dict of :class:`~fastdiff.dynamic.EarlyStop` options, or an EarlyStop.
-        draft: an LCM pipeline or LCM U-Net, or ``{"model": ..., "strength": 0.5, "steps": 4}``:
+        draft: an LCM pipeline or LCM U-Net, or ``{"model": ..., "strength": 0.75, "steps": 4}``:
             draft in 1-4 LCM steps, re-noise its x0 to ``strength`` and finish with this model.
         preview_steps: stop after k steps; ``output.images`` is the x0 preview and
             ``output.fastdiff.state`` resumes with :meth:`refine`.
