@@ -49,9 +49,9 @@ from fastdiff.samplers.gmm import GaussianMixture, GMMDenoiser, probability_flow
 NAME = "step_control"
 ATOL_PER_RTOL = 0.0078 / 0.05  # DPM-Solver's image defaults, one knob
 ADAPTIVE_GRID = (0.1, 0.05, 0.03, 0.02, 0.01, 0.005)
-FF_GRID = ((0.01, 1), (0.01, 2), (0.01, 3), (0.03, 2), (0.03, 3))  # (rtol, jumps)
+FF_GRID = ((0.01, 1), (0.01, 2), (0.01, 3), (0.01, 4), (0.01, 5), (0.03, 3), (0.03, 5))  # (rtol, jumps)
 TINY_ADAPTIVE_GRID = (0.1, 0.05, 0.02, 0.01)
-TINY_FF_GRID = ((0.01, 2), (0.01, 3), (0.03, 3))
+TINY_FF_GRID = ((0.01, 2), (0.01, 3), (0.01, 5), (0.03, 3))
 GUIDANCE = 5.0
 REF_STEPS = 100
 
@@ -270,7 +270,7 @@ def part_nonfinite(log) -> list[str]:
     ``isfinite`` passes over the model output and the new latents, beside one step of fastdiff-tiny."""
     from benchmarks._common import time_fn
 
-    lines = []
+    lines, added = [], []
     for shape in ((24, 4, 16, 16), (2, 4, 64, 64)):
         out, x0, x = (torch.randn(shape) for _ in range(3))
 
@@ -286,6 +286,7 @@ def part_nonfinite(log) -> list[str]:
             return bool(torch.isfinite(out).all()) and bool(torch.isfinite(x).all())
 
         t_norms, t_base, t_pass = (time_fn(f, warmup=20, reps=400) for f in (norms, x0_norm_only, passes))
+        added.append(t_norms - t_base)
         lines.append(
             f"| {tuple(shape)} | {1e6 * (t_norms - t_base):.1f} | {1e6 * t_pass:.1f} | {1e6 * t_base:.1f} |"
         )
@@ -295,7 +296,7 @@ def part_nonfinite(log) -> list[str]:
     tiny = Tiny([a for _, a in list_prompts("heldout")][::3], seed0=1000)
     res = tiny.fixed(10)
     per_step = res.seconds / 10
-    return lines, per_step
+    return lines, per_step, max(added)
 
 
 # ----------------------------------------------------------------------------- report
@@ -337,9 +338,14 @@ def report(data: dict) -> str:
             if r.get("chosen"):
                 ref_lo = lo["rms_median"] if lo else math.inf
                 beats = r["rms_median"] < min(ref_lo, hi["rms_median"] if hi else math.inf) if lo else False
+                cheaper = min(
+                    (f for f in fixed if f["setting"] <= r["nfe_mean"]), key=lambda f: f["rms_median"]
+                )
                 goals.append(f"- G1 mixture, {r['mode']} ({r['nfe_mean']} NFE): median RMS {r['rms_median']} vs best "
                              f"fixed {lo['rms_median'] if lo else '-'} (below) / {hi['rms_median'] if hi else '-'} (above): "
-                             f"**{'met' if beats else 'not met'}**")  # fmt: skip
+                             f"**{'met' if beats else 'not met'}** (best fixed at any NFE <= {r['nfe_mean']}: "
+                             f"{cheaper['mode']}, {cheaper['rms_median']}; the mixture's error is not monotone in NFE "
+                             "because the last step's x0 read-out at sigma_min leaves a floor)")  # fmt: skip
                 saved = 1 - r["nfe_mean"] / 30
                 ok = saved >= 0.4 and r["rms_median"] <= 2 * base30["rms_median"]
                 goals.append(f"- G2 mixture, {r['mode']}: {100 * saved:.0f}% fewer NFE than 30 steps, median RMS "
@@ -386,7 +392,7 @@ def main():
     log = lambda m: print(m, flush=True)  # noqa: E731
     data = _load()
     if args.part == "nonfinite":
-        rows, per_step = part_nonfinite(log)
+        rows, per_step, added = part_nonfinite(log)
         meta = env_info()
         md = ["# nonfinite_check", "", hardware_line(meta), "",
               "Per-step cost of `sample(..., on_nonfinite=...)`'s NaN/inf check (`benchmarks/step_control.py --part nonfinite`),"
@@ -395,7 +401,9 @@ def main():
               "| tensor | added by the loop's check (norm of the latents + test) | two isfinite passes | x0 norm the loop already computed |",
               "|---|---|---|---|", *rows, "",
               f"One fastdiff-tiny step (24 held-out prompts, guidance 5, batch 48 through the U-Net): {1e3 * per_step:.0f} ms; "
-              f"load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]  # fmt: skip
+              f"load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+              f"The check adds at most {1e6 * added:.0f} us per step = {100 * added / per_step:.3f}% of a tiny step "
+              "(far less of an SD step): nothing measurable. Separate isfinite passes would cost about 3x more.", ""]  # fmt: skip
         (RESULTS_DIR / "nonfinite_check.md").write_text("\n".join(md))
         return
     if args.part:
