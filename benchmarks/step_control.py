@@ -10,7 +10,7 @@ Modes, all driven by the one loop ``fastdiff.dynamic.sample``:
 * ``early stop`` (context only): :class:`EarlyStop` with its defaults.
 
 Thresholds are chosen on training data only: the mixture ``GaussianMixture.random(dims=48, components=6,
-seed=1)`` and 12 training-split prompts. The rule: fewest mean NFE that meets goal G2 there (mixture: median
+seed=1)`` and 8 training-split prompts. The rule: fewest mean NFE that meets goal G2 there (mixture: median
 RMS <= 2x the 30-step run's; tiny: worst-image PSNR >= 30 dB vs 100 steps), else the most accurate setting.
 Evaluation is held out: a mixture of another seed and size (``dims=64, components=8, seed=7``; 128 samples)
 and every 3rd of the 72 held-out prompt combinations of fastdiff-tiny (shipped ``base`` weights, guidance 5,
@@ -50,8 +50,8 @@ NAME = "step_control"
 ATOL_PER_RTOL = 0.0078 / 0.05  # DPM-Solver's image defaults, one knob
 ADAPTIVE_GRID = (0.1, 0.05, 0.03, 0.02, 0.01, 0.005)
 FF_GRID = ((0.01, 1), (0.01, 2), (0.01, 3), (0.01, 4), (0.01, 5), (0.03, 3), (0.03, 5))  # (rtol, jumps)
-TINY_ADAPTIVE_GRID = (0.1, 0.05, 0.02, 0.01)
-TINY_FF_GRID = ((0.01, 2), (0.01, 3), (0.01, 5), (0.03, 3))
+TINY_ADAPTIVE_GRID = (0.05, 0.02, 0.01)
+TINY_FF_GRID = ((0.01, 2), (0.01, 3), (0.01, 5))
 GUIDANCE = 5.0
 REF_STEPS = 100
 
@@ -214,7 +214,7 @@ def _tiny_modes(tiny, adaptive, ff):
     return modes
 
 
-def part_tiny(log, every: int = 3, n_train: int = 12) -> dict:
+def part_tiny(log, every: int = 3, n_train: int = 8) -> dict:
     from fastdiff.tiny.data import list_prompts, sample_attributes
 
     t0 = time.perf_counter()
