@@ -11,66 +11,27 @@ import math
 
 import pytest
 import torch
-from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler, UNet2DConditionModel
+from diffusers import DDIMScheduler, EulerDiscreteScheduler
+from dynamic_helpers import SD_BETAS, GaussianRows, dpm, gaussian_case, reference_loop, tiny_unet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastdiff.dynamic import AutoSteps, EarlyStop, cfg_model_fn, draft_and_refine, resume, sample
+from fastdiff.dynamic import (
+    AutoSteps,
+    Controller,
+    Decision,
+    EarlyStop,
+    FastForward,
+    cfg_model_fn,
+    draft_and_refine,
+    resume,
+    sample,
+)
 from fastdiff.dynamic.adapters import predicted_x0
 from fastdiff.dynamic.auto_steps import high_frequency_energy, prompt_tier
 from fastdiff.dynamic.draft import renoise
-
-SD_BETAS = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
-
-
-def dpm():
-    return DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2, **SD_BETAS)
-
-
-class GaussianRows:
-    """Exact eps-model for per-row Gaussian data N(mu_r, s_r^2 I) on SD's schedule; records batch sizes."""
-
-    def __init__(self, mu: torch.Tensor, s: torch.Tensor, scheduler):
-        self.mu, self.s = mu.double(), s.double()
-        self.abar = scheduler.alphas_cumprod.double()
-        self.batch_sizes = []
-
-    def _abar(self, t):
-        t = torch.as_tensor(t, dtype=torch.float64)
-        lo = t.floor().long().clamp(0, len(self.abar) - 1)
-        hi = (lo + 1).clamp(max=len(self.abar) - 1)
-        w = t - lo
-        return self.abar[lo] * (1 - w) + self.abar[hi] * w
-
-    def __call__(self, x, t, rows=None):
-        rows = torch.arange(x.shape[0]) if rows is None else rows
-        self.batch_sizes.append(x.shape[0])
-        abar = self._abar(t).reshape(-1, *([1] * (x.ndim - 1)))
-        alpha, sigma = abar.sqrt(), (1 - abar).sqrt()
-        mu, s2 = self.mu[rows], self.s[rows].square().reshape(-1, *([1] * (x.ndim - 1)))
-        xd = x.double()
-        # posterior mean of x0 given x_t = alpha x0 + sigma eps
-        x0 = mu + alpha * s2 / (alpha.square() * s2 + sigma.square()) * (xd - alpha * mu)
-        return ((xd - alpha * x0) / sigma).to(x.dtype)
-
-
-def gaussian_case(batch=3, seed=0):
-    """Rows whose x0 prediction settles late (wide data, small mean), later-ish, and at once (near-delta)."""
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.tensor([0.1, 0.3, 3.0][:batch]).view(-1, 1, 1, 1)
-    mu = torch.randn(batch, 4, 8, 8, generator=g) * scale
-    s = torch.tensor([1.0, 1.0, 0.02][:batch])
-    x = torch.randn(batch, 4, 8, 8, generator=g)
-    return mu, s, x
-
-
-def reference_loop(model, scheduler, x, n):
-    sch = type(scheduler).from_config(scheduler.config)
-    sch.set_timesteps(n)
-    x = x * sch.init_noise_sigma
-    for t in sch.timesteps:
-        x = sch.step(model(sch.scale_model_input(x, t), t), t, x).prev_sample
-    return x
+from fastdiff.samplers import AdaptiveScheduler, make_scheduler
+from fastdiff.samplers.gmm import GaussianMixture, GMMDenoiser, rms_errors
 
 
 @pytest.mark.parametrize(
@@ -308,16 +269,7 @@ def test_draft_and_refine_renoises_only_x0():
 
 def test_guided_unet_rows_match_full_batch():
     torch.manual_seed(0)
-    unet = UNet2DConditionModel(
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=8,
-        attention_head_dim=4,
-        norm_num_groups=4,
-        sample_size=8,
-    ).eval()
+    unet = tiny_unet().eval()
     cond, uncond = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
     fn = cfg_model_fn(unet, cond, uncond, guidance_scale=4.0)
     x = torch.randn(3, 4, 8, 8)
@@ -372,3 +324,249 @@ def test_bad_inputs_raise_clear_errors():
         AutoSteps(min_steps=20, max_steps=10)
     with pytest.raises(ValueError, match="strength"):
         renoise(x, sch, 10, 1.5, torch.randn_like(x))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# step control (#12): controller decisions, FastForward, AdaptiveScheduler
+# ----------------------------------------------------------------------------------------------------------
+class JumpTo(Controller):
+    """Jumps once, after ``at`` steps, to ``tail(sigmas_ahead)``."""
+
+    def __init__(self, at, tail):
+        self.at, self.tail = at, tail
+
+    def decide(self, row, steps_done, num_steps, x0_change, sigma, sigmas_ahead):
+        if steps_done == self.at:
+            return Decision.jump(self.tail(sigmas_ahead))
+        return Decision.go_on()
+
+
+def test_jump_to_the_same_schedule_is_the_plain_run_bit_for_bit():
+    sch = make_scheduler("dpmpp_2m", schedule="karras")
+    mu, s, x = gaussian_case()
+    plain = sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=12)
+    same = sample(
+        GaussianRows(mu, s, sch),
+        x,
+        scheduler=sch,
+        num_inference_steps=12,
+        controller=JumpTo(4, lambda a: a[1:]),
+    )
+    assert torch.equal(same.latents, plain.latents) and same.nfe_per_sample == [12] * 3
+    assert same.trace[3].jumped == [0, 1, 2]
+    never = sample(
+        GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=12, controller=FastForward(rtol=1e-12)
+    )
+    assert torch.equal(never.latents, plain.latents), "a row that never converges never jumps"
+
+
+def test_fast_forward_equals_a_plain_run_on_the_spliced_schedule():
+    # independent reference: a scheduler built from the explicit sigmas the row ends up visiting
+    sch = make_scheduler("dpmpp_2m", schedule="karras")
+    sch.set_timesteps(20)
+    full = sch.sigmas_ahead()  # float64 levels, last one 0
+    mu, s, x = gaussian_case()
+    ctl = FastForward(rtol=0.05, patience=1, min_steps=3, max_sigma=None, jumps=2)
+    res = sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=20, controller=ctl)
+    assert any(n < 20 for n in res.nfe_per_sample), "some row converged and jumped"
+    for r in range(3):
+        k = res.steps_run[r]
+        if k == 20:
+            continue
+        done = k - 2  # steps on the original schedule before the 2-step finish
+        spliced = [*full[: done + 1], full[-2], 0.0]
+        assert res.nfe_per_sample[r] == done + 2 == len(spliced) - 1
+        ref_sch = make_scheduler("dpmpp_2m", schedule=spliced)
+        solo = sample(
+            GaussianRows(mu[r : r + 1], s[r : r + 1], sch),
+            x[r : r + 1],
+            scheduler=ref_sch,
+            num_inference_steps=done + 2,
+        )
+        assert (res.latents[r] - solo.latents[0]).abs().max() <= 1e-6 * solo.latents.abs().max()
+
+
+def test_fast_forward_rows_in_a_batch_equal_each_row_alone():
+    sch = make_scheduler("dpmpp_2m")
+    mu, s, x = gaussian_case()
+    ctl = lambda: FastForward(rtol=0.05, patience=1, min_steps=3, jumps=1)  # noqa: E731
+    res = sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=25, controller=ctl())
+    for r in range(3):
+        solo = sample(
+            GaussianRows(mu[r : r + 1], s[r : r + 1], sch),
+            x[r : r + 1],
+            scheduler=sch,
+            num_inference_steps=25,
+            controller=ctl(),
+        )
+        assert (
+            torch.equal(res.latents[r], solo.latents[0]) and res.nfe_per_sample[r] == solo.nfe_per_sample[0]
+        )
+
+
+def test_jump_decisions_are_validated_and_need_a_reschedulable_scheduler():
+    with pytest.raises(ValueError, match="ending at 0"):
+        Decision.jump([0.5, 0.1])
+    with pytest.raises(ValueError, match="strictly decrease"):
+        Decision.jump([0.1, 0.5, 0.0])
+    with pytest.raises(ValueError, match="action"):
+        Decision("skip")
+    with pytest.raises(ValueError, match="jumps"):
+        FastForward(jumps=0)
+    mu, s, x = gaussian_case()
+    with pytest.raises(TypeError, match="Reschedulable"):
+        sample(
+            GaussianRows(mu, s, dpm()),
+            x,
+            scheduler=dpm(),
+            num_inference_steps=8,
+            controller=JumpTo(2, lambda a: (0.0,)),
+        )
+    sch = make_scheduler("dpmpp_2m")
+    with pytest.raises(ValueError, match="below the current"):
+        sample(
+            GaussianRows(mu, s, sch),
+            x,
+            scheduler=sch,
+            num_inference_steps=8,
+            controller=JumpTo(2, lambda a: (99.0, 0.0)),
+        )
+
+
+def _ode_to(mixture_model, x_vp, sigma_end):
+    """Independent reference: the probability-flow ODE (scipy DOP853, float64) from sigma_max to sigma_end,
+    then the x0 read-out the sampler also ends with (the denoiser at sigma_end)."""
+    from scipy.integrate import solve_ivp
+
+    ns = mixture_model.noise
+    n = x_vp.shape[0]
+    y0 = (x_vp.double() * math.sqrt(1 + ns.sigma_max**2)).reshape(-1).numpy()
+
+    def rhs(logs, y):
+        xv = torch.from_numpy(y).reshape(n, -1)
+        return (xv - mixture_model.mixture.denoise(xv, math.exp(logs))).reshape(-1).numpy()
+
+    sol = solve_ivp(
+        rhs, (math.log(ns.sigma_max), math.log(sigma_end)), y0, method="DOP853", rtol=1e-11, atol=1e-11
+    )
+    xe = torch.from_numpy(sol.y[:, -1]).reshape(n, -1)
+    return mixture_model.mixture.denoise(xe, sigma_end)
+
+
+def test_adaptive_converges_to_the_exact_ode_solution_as_the_tolerance_shrinks():
+    model = GMMDenoiser(GaussianMixture.random(dims=8, components=3, seed=3))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ref = _ode_to(model, x, model.noise.sigma_min)
+    errors, nfes = [], []
+    for rtol in (1e-2, 1e-3, 1e-4):
+        res = sample(model, x, scheduler=AdaptiveScheduler(rtol=rtol, atol=rtol / 10))
+        errors.append(float(rms_errors(res.latents, ref).max()))
+        nfes.append(sum(res.nfe_per_sample))
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 2e-4, errors
+    assert nfes[0] < nfes[1] < nfes[2]
+
+
+def test_adaptive_rows_take_their_own_steps_and_equal_each_row_alone():
+    model = GMMDenoiser(GaussianMixture.random(dims=8, components=3, seed=3))
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * torch.tensor(
+        [[0.3], [1.0], [3.0]], dtype=torch.float64
+    )
+    res = sample(model, x, scheduler=AdaptiveScheduler(rtol=0.02, atol=0.003))
+    assert len(set(res.nfe_per_sample)) > 1 and res.num_steps == res.nfe_per_sample
+    for r in range(3):
+        solo = sample(model, x[r : r + 1], scheduler=AdaptiveScheduler(rtol=0.02, atol=0.003))
+        assert (
+            torch.equal(res.latents[r], solo.latents[0]) and res.nfe_per_sample[r] == solo.nfe_per_sample[0]
+        )
+
+
+def test_adaptive_takes_a_tolerance_not_a_step_count():
+    model = GMMDenoiser(GaussianMixture.random(dims=8, components=3, seed=3))
+    x = torch.randn(2, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="num_inference_steps=None"):
+        sample(model, x, scheduler=AdaptiveScheduler(), num_inference_steps=10)
+    with pytest.raises(ValueError, match="rtol"):
+        AdaptiveScheduler(rtol=-1)
+    with pytest.raises(RuntimeError, match="max_steps"):
+        sample(model, x, scheduler=AdaptiveScheduler(rtol=1e-9, atol=1e-9, max_steps=5))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fail loud (#16): non-finite values, unknown step keywords, non-tensor model outputs
+# ----------------------------------------------------------------------------------------------------------
+class NaNAt(GaussianRows):
+    """GaussianRows whose output turns NaN (row 1 only) from call ``k`` on."""
+
+    def __init__(self, k, *a):
+        super().__init__(*a)
+        self.k, self.n = k, 0
+
+    def __call__(self, x, t, rows=None):
+        out = super().__call__(x, t, rows=rows)
+        self.n += 1
+        if self.n > self.k:
+            out = out.clone()
+            out[1] = float("nan")
+        return out
+
+
+@pytest.mark.parametrize("make", [dpm, lambda: make_scheduler("dpmpp_2m")], ids=["diffusers", "fastdiff"])
+def test_nonfinite_model_output_raises_naming_step_t_and_row(make):
+    sch = make()
+    mu, s, x = gaussian_case()
+    with pytest.raises(FloatingPointError, match=r"model output at step index 3 of row\(s\) \[1\] .*t="):
+        sample(NaNAt(3, mu, s, sch), x, scheduler=sch, num_inference_steps=8)
+    with pytest.warns(RuntimeWarning, match="warned once") as seen:
+        res = sample(NaNAt(3, mu, s, sch), x, scheduler=sch, num_inference_steps=8, on_nonfinite="warn")
+    assert len([w for w in seen if "NaN/inf" in str(w.message)]) == 1 and res.latents[1].isnan().any()
+    assert torch.isfinite(res.latents[[0, 2]]).all()
+    with pytest.raises(ValueError, match=r"on_nonfinite must be one of \('raise', 'warn'\), got 'ignore'"):
+        sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=8, on_nonfinite="ignore")
+
+
+def test_nonfinite_latents_after_a_step_are_caught_at_that_step():
+    class BadStep(DDIMScheduler):
+        def step(self, model_output, timestep, sample, eta=0.0, generator=None, return_dict=True, **kw):
+            out = super().step(model_output, timestep, sample, eta=eta, generator=generator, return_dict=True)
+            if self.bad_at == 0:
+                out.prev_sample[0, 0, 0, 0] = float("inf")
+            self.bad_at -= 1
+            return out
+
+    sch = BadStep(**SD_BETAS)
+    sch.bad_at = 2
+    mu, s, x = gaussian_case()
+    with pytest.raises(FloatingPointError, match=r"latents after the step at step index 2 of row\(s\) \[0\]"):
+        sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=6)
+
+
+def test_unknown_step_kwargs_raise_naming_the_key_and_the_accepted_ones():
+    mu, s, x = gaussian_case()
+    ddim = DDIMScheduler(**SD_BETAS)
+    with pytest.raises(
+        ValueError, match=r"'etaa' is not a keyword of DDIMScheduler.step\(\); accepted: .*'eta'"
+    ):
+        sample(GaussianRows(mu, s, ddim), x, scheduler=ddim, num_inference_steps=4, step_kwargs={"etaa": 0.5})
+    fast = make_scheduler("dpmpp_2m")
+    with pytest.raises(
+        ValueError, match=r"'eta' is not a keyword of FastScheduler.step\(\); accepted: none.*make_scheduler"
+    ):
+        sample(GaussianRows(mu, s, fast), x, scheduler=fast, num_inference_steps=4, step_kwargs={"eta": 0.5})
+    # diffusers pipelines always pass eta=0.0: a no-op, dropped where step() has no eta
+    ok = sample(GaussianRows(mu, s, fast), x, scheduler=fast, num_inference_steps=4, step_kwargs={"eta": 0.0})
+    assert ok.finished
+    with pytest.raises(TypeError, match="step_kwargs must be a dict"):
+        sample(
+            GaussianRows(mu, s, fast), x, scheduler=fast, num_inference_steps=4, step_kwargs=[("eta", 0.0)]
+        )
+
+
+def test_a_model_returning_a_tuple_is_named_with_what_to_return():
+    sch = dpm()
+    x = torch.randn(2, 4, 8, 8)
+
+    def my_unet_fn(x, t):
+        return (x,)
+
+    with pytest.raises(TypeError, match=r"got tuple from model_fn '.*my_unet_fn'.*unet\(x, t\)\.sample"):
+        sample(my_unet_fn, x, scheduler=sch, num_inference_steps=3)

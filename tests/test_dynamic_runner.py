@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import DDIMScheduler, EulerDiscreteScheduler, LCMScheduler, UNet2DConditionModel
+from diffusers import DDIMScheduler, EulerDiscreteScheduler, LCMScheduler
+from dynamic_helpers import SD_BETAS, GaussianRows, dpm, gaussian_case, tiny_unet
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_dynamic import SD_BETAS, GaussianRows, dpm, gaussian_case
 
 from fastdiff.dynamic import AutoSteps, Controller, EarlyStop, StepChoice, draft_and_refine, resume, sample
 from fastdiff.dynamic.adapters import SchedulerAdapter
@@ -270,19 +270,6 @@ def test_adapter_uses_alpha_bar_for_ddim_and_native_coefficients_when_offered():
     assert SchedulerAdapter(Native(**SD_BETAS)).vp_coefficients(0, t) == (0.6, 0.8)
 
 
-def _lcm_unet():
-    return UNet2DConditionModel(
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        cross_attention_dim=8,
-        attention_head_dim=4,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        norm_num_groups=4,
-        sample_size=8,
-    )
-
-
 def test_plan_is_pure_and_names_bad_values():
     assert plan_call(("a cat",), {"num_inference_steps": 4}) is None, "no fastdiff keyword: diffusers' loop"
     plan = plan_call(("a plain cat",), {"output_type": "np", "generator": None}, steps="auto")
@@ -305,7 +292,7 @@ def test_plan_is_pure_and_names_bad_values():
     with pytest.raises(ValueError, match=r"preview_steps must be an int >= 1 or None, got 0"):
         plan_call((), {}, preview_steps=0)
     with pytest.raises(ValueError, match=r"draft strength 0.3 leaves no refine step of 2"):
-        plan_call((), {"num_inference_steps": 2}, draft={"model": _lcm_unet(), "strength": 0.3})
+        plan_call((), {"num_inference_steps": 2}, draft={"model": tiny_unet(), "strength": 0.3})
     with pytest.raises(ValueError, match="text-to-image"):
         plan_call((), {}, steps="auto", text_to_image=False)
 

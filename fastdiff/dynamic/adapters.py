@@ -11,7 +11,9 @@ diffusers scheduler through public API only (``set_timesteps``, ``set_begin_inde
   be recovered from the model output (:func:`predicted_x0`) when the scheduler does not return it.
 
 A scheduler may implement :class:`VPCoefficients` natively (one method); the adapter then asks it instead of
-deriving the coefficients from its sigma or alpha-bar tables.
+deriving the coefficients from its sigma or alpha-bar tables. Two more optional protocols serve per-row step
+control: :class:`Reschedulable` (a controller's ``jump`` replaces the rest of a row's schedule) and
+:class:`SelfScheduling` (the scheduler picks each next noise level itself, so every row gets its own copy).
 """
 
 from __future__ import annotations
@@ -20,13 +22,25 @@ import copy
 import functools
 import inspect
 import math
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["SchedulerAdapter", "InPlaceAdapter", "VPCoefficients", "predicted_x0", "check_scheduler"]
+__all__ = [
+    "SchedulerAdapter",
+    "InPlaceAdapter",
+    "VPCoefficients",
+    "Reschedulable",
+    "SelfScheduling",
+    "predicted_x0",
+    "check_scheduler",
+    "check_step_kwargs",
+]
 
 _REQUIRED = ("set_timesteps", "step", "scale_model_input")
+# arguments the loop itself passes to step(); the rest of its keywords are what step_kwargs may set
+_LOOP_ARGS = frozenset({"self", "model_output", "timestep", "sample", "generator", "return_dict"})
 
 
 @runtime_checkable
@@ -35,6 +49,30 @@ class VPCoefficients(Protocol):
 
     def vp_coefficients(self, index: int) -> tuple[float, float]:
         """(alpha_t, sigma_t) of step ``index`` of the current schedule."""
+        ...
+
+
+@runtime_checkable
+class Reschedulable(Protocol):
+    """A scheduler whose remaining noise levels can be replaced mid-run, keeping state and solver history."""
+
+    def sigmas_ahead(self) -> list[float]:
+        """VE noise levels still ahead: the level of the next step's input first, ending at 0."""
+        ...
+
+    def reschedule(self, sigmas: Sequence[float]) -> None:
+        """Replace the levels after the current one by ``sigmas`` (decreasing, ending at 0)."""
+        ...
+
+
+@runtime_checkable
+class SelfScheduling(Protocol):
+    """A scheduler that chooses each next noise level from the state it steps (error-controlled step size,
+    e.g. :class:`fastdiff.samplers.AdaptiveScheduler`). Its ``timesteps`` end with the next one to evaluate
+    and grow as it runs; the loop gives every row its own copy so that rows pick their own steps."""
+
+    def accepts_step_count(self) -> bool:
+        """False: the schedule follows from a tolerance, so ``num_inference_steps`` must be None."""
         ...
 
 
@@ -65,6 +103,30 @@ def check_scheduler(scheduler) -> None:
             raise TypeError(
                 f"scheduler must be diffusers-compatible; {type(scheduler).__name__} has no {name}()"
             )
+
+
+def check_step_kwargs(scheduler, step_kwargs: dict) -> None:
+    """Every key of ``step_kwargs`` must be a keyword of ``scheduler.step`` (#16: a misspelt ``etaa`` was
+    dropped silently). Convention kept from diffusers pipelines, which always pass ``eta``: ``eta=0.0``
+    (a no-op) is dropped for schedulers without ``eta``; any other value raises."""
+    if not isinstance(step_kwargs, dict):
+        raise TypeError(f"step_kwargs must be a dict or None, got {type(step_kwargs).__name__}")
+    names = _step_parameters(type(scheduler))
+    if names is None:
+        return
+    accepted = sorted(names - _LOOP_ARGS)
+    for key, value in step_kwargs.items():
+        if key in _LOOP_ARGS:
+            raise ValueError(f"step_kwargs[{key!r}] is set by the sampling loop itself; pass it to sample()")
+        if key in names or (key == "eta" and isinstance(value, (int, float)) and value == 0.0):
+            continue
+        hint = ""
+        if key == "eta":
+            hint = ' (fastdiff samplers take eta as a scheduler option: make_scheduler("ddim", eta=...))'
+        raise ValueError(
+            f"step_kwargs key {key!r} is not a keyword of {type(scheduler).__name__}.step(); "
+            f"accepted: {accepted or 'none'}{hint}"
+        )
 
 
 @functools.lru_cache(maxsize=64)
@@ -113,6 +175,24 @@ class SchedulerAdapter:
     def copy(self) -> SchedulerAdapter:
         """An independent copy in the same state (multistep history included)."""
         return SchedulerAdapter(copy.deepcopy(self.scheduler), self.step_kwargs)
+
+    @property
+    def self_scheduling(self) -> bool:
+        return isinstance(self.scheduler, SelfScheduling)
+
+    def sigmas_ahead(self) -> tuple[float, ...] | None:
+        """The levels still ahead (current first, ending at 0), or None if it cannot be rescheduled."""
+        if isinstance(self.scheduler, Reschedulable):
+            return tuple(self.scheduler.sigmas_ahead())
+        return None
+
+    def reschedule(self, sigmas: Sequence[float]) -> None:
+        if not isinstance(self.scheduler, Reschedulable):
+            raise TypeError(
+                f"a controller asked to jump, but {type(self.scheduler).__name__} cannot replace its "
+                "remaining schedule (fastdiff.dynamic.adapters.Reschedulable); use fastdiff.samplers.make_scheduler"
+            )
+        self.scheduler.reschedule(sigmas)
 
     # ---------------------------------------------------------------- per step
     def model_input(self, x: torch.Tensor, t) -> torch.Tensor:

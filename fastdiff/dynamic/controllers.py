@@ -1,17 +1,21 @@
 """Controllers decide, per sample, when a sampling run has done enough work.
 
 The protocol is :class:`fastdiff.dynamic.Controller` (:mod:`fastdiff.dynamic.protocols`): ``reset(batch_size)``
-before the first step, ``should_stop(row, steps_done, num_steps, x0_change, sigma) -> bool`` after every step
-of a row. A row the controller stops returns its current x0 prediction and leaves the batch.
+before the first step, then ``decide(...) -> Decision`` after every step of a row (its default asks
+``should_stop(row, steps_done, num_steps, x0_change, sigma) -> bool``).
+
+* :class:`EarlyStop`: a converged row returns its current x0 prediction and leaves the batch.
+* :class:`FastForward`: a converged row finishes with one or two large solver steps to sigma = 0 instead
+  (a ``jump`` decision); measured against fixed schedules in ``benchmarks/results/step_control.md``.
 """
 
 from __future__ import annotations
 
 import math
 
-from fastdiff.dynamic.protocols import Controller
+from fastdiff.dynamic.protocols import Controller, Decision
 
-__all__ = ["Controller", "EarlyStop"]
+__all__ = ["Controller", "EarlyStop", "FastForward"]
 
 
 class EarlyStop(Controller):
@@ -91,3 +95,52 @@ class EarlyStop(Controller):
             f"EarlyStop(rtol={self.rtol}, patience={self.patience}, min_steps={self.min_steps}, "
             f"max_sigma={self.max_sigma})"
         )
+
+
+class FastForward(EarlyStop):
+    """On convergence, replace the rest of a row's schedule by ``jumps`` large solver steps to sigma = 0.
+
+    Convergence is :class:`EarlyStop`'s criterion (same arguments, same sigma guard). Returning x0 at
+    sigma ~ 1 is not a finished image; here the row keeps its state and solver history and continues on
+    the tail ``sigma_cur -> ... -> sigma_end -> 0``: ``jumps`` steps (each one model evaluation) spaced
+    geometrically from its current noise level to ``sigma_end``, the last non-zero level of its own schedule,
+    then the schedule's usual final step to 0. ``jumps=1`` is a single step to 0 (the x0 prediction at the
+    current level); ``jumps=2`` is ``sigma_cur -> sigma_end -> 0``. A row whose schedule has no more than
+    ``jumps`` steps left continues unchanged. Needs a reschedulable scheduler (``make_scheduler``'s).
+    """
+
+    def __init__(
+        self,
+        rtol: float = 0.01,
+        patience: int = 2,
+        min_steps: int = 5,
+        max_sigma: float | None = 1.0,
+        jumps: int = 2,
+    ):
+        super().__init__(rtol=rtol, patience=patience, min_steps=min_steps, max_sigma=max_sigma)
+        if not isinstance(jumps, int) or isinstance(jumps, bool) or jumps < 1:
+            raise ValueError(f"FastForward jumps must be an int >= 1, got {jumps!r}")
+        self.jumps = jumps
+
+    def decide(self, row, steps_done, num_steps, x0_change, sigma, sigmas_ahead) -> Decision:
+        if not self.should_stop(row, steps_done, num_steps, x0_change, sigma=sigma):
+            return Decision.go_on()
+        if sigmas_ahead is None:
+            raise TypeError(
+                "FastForward needs a scheduler whose remaining schedule can be replaced "
+                "(fastdiff.dynamic.adapters.Reschedulable), e.g. fastdiff.samplers.make_scheduler(...)"
+            )
+        if len(sigmas_ahead) - 1 <= self.jumps:
+            return Decision.go_on()  # no shorter finish exists
+        return Decision.jump(jump_tail(sigmas_ahead, self.jumps))
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1].replace("EarlyStop", "FastForward") + f", jumps={self.jumps})"
+
+
+def jump_tail(sigmas_ahead, jumps: int) -> tuple[float, ...]:
+    """The levels after ``sigmas_ahead[0]`` of a ``jumps``-step finish: geometric from the current level
+    to the last non-zero one, then 0 (the current level's own evaluation is the first of the steps)."""
+    cur, end = float(sigmas_ahead[0]), float(sigmas_ahead[-2])
+    inner = [cur * (end / cur) ** (k / (jumps - 1)) for k in range(1, jumps)] if jumps > 1 else []
+    return (*inner, 0.0)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fastdiff.dynamic.adapters import SchedulerAdapter, check_scheduler
+from fastdiff.dynamic.adapters import SchedulerAdapter, check_scheduler, check_step_kwargs
 from fastdiff.dynamic.protocols import Controller, StepChoice, StepPlanner
 from fastdiff.dynamic.records import SampleResult
 from fastdiff.dynamic.tick import RowsHook, SampleState, Track, notify, tick
@@ -39,9 +39,22 @@ __all__ = ["SampleState", "sample", "resume", "start", "run"]
 # ----------------------------------------------------------------------------------------------------------
 # argument checks
 # ----------------------------------------------------------------------------------------------------------
+NONFINITE = ("raise", "warn")
+
+
 def _check_inputs(
-    model_fn, latents, scheduler, controller, start_step, stop_after, on_rows_retired, callback=None
+    model_fn,
+    latents,
+    scheduler,
+    controller,
+    start_step,
+    stop_after,
+    on_rows_retired,
+    callback=None,
+    on_nonfinite="raise",
 ):
+    if not isinstance(on_nonfinite, str) or on_nonfinite not in NONFINITE:
+        raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}")
     if not callable(model_fn):
         raise TypeError(f"model_fn must be callable as model_fn(x, t), got {type(model_fn).__name__}")
     if not isinstance(latents, torch.Tensor) or latents.ndim < 2:
@@ -53,7 +66,7 @@ def _check_inputs(
     check_scheduler(scheduler)
     if controller is not None and not isinstance(controller, Controller):
         raise TypeError(
-            f"controller must implement fastdiff.dynamic.Controller (reset, should_stop), got {controller!r}"
+            f"controller must implement fastdiff.dynamic.Controller (reset, should_stop, decide), got {controller!r}"
         )
     if on_rows_retired is not None and not callable(on_rows_retired):
         raise TypeError(f"on_rows_retired must be callable(remaining_rows) or None, got {on_rows_retired!r}")
@@ -100,6 +113,7 @@ def sample(
     start_step: int = 0,
     stop_after: int | None = None,
     on_rows_retired: RowsHook | None = None,
+    on_nonfinite: str = "raise",
 ) -> SampleResult:
     """Run a diffusion sampler, optionally with a per-sample controller or step planner.
 
@@ -120,7 +134,9 @@ def sample(
         callback: ``callback(record: StepRecord, x0: Tensor)`` after every tick; ``x0`` is (B, ...) with
             NaN rows for inactive samples.
         generator: torch.Generator or per-row list, forwarded to stochastic schedulers' ``step``.
-        step_kwargs: extra keywords for ``scheduler.step`` (those it accepts), e.g. ``{"eta": 0.0}``.
+        step_kwargs: extra keywords for ``scheduler.step``, e.g. ``{"eta": 0.5}`` for diffusers' DDIM. A key
+            its ``step`` does not accept raises (``eta=0.0``, which diffusers pipelines always pass, is
+            dropped where it does not apply).
         start_step: first step of the schedule to run (SDEdit/img2img: the latents are already noised to
             that step's timestep). With ``num_inference_steps=None`` and ``start_step=0`` the scheduler's
             ``begin_index`` (if set) decides.
@@ -131,6 +147,13 @@ def sample(
             these rows, in this order (a subset right after a planner's probe, when a row's first
             evaluation is reused: the ``rows=`` keyword of ``model_fn`` says which). Use it to drop
             per-row caches. Not called during a planner's probe.
+        on_nonfinite: ``"raise"`` (default): NaN/inf in a model output, x0 prediction or the latents after
+            a step raises ``FloatingPointError`` naming the step index, t and the rows; ``"warn"`` warns
+            once per run and continues. The check reads norms the loop computes anyway.
+
+    A scheduler implementing :class:`~fastdiff.dynamic.adapters.SelfScheduling` (e.g.
+    :class:`fastdiff.samplers.AdaptiveScheduler`) picks its own steps per row: pass
+    ``num_inference_steps=None``. A controller may also reschedule a row (:class:`FastForward`).
     """
     state = start(
         model_fn,
@@ -144,6 +167,7 @@ def sample(
         start_step=start_step,
         on_rows_retired=on_rows_retired,
         stop_after=stop_after,
+        on_nonfinite=on_nonfinite,
     )
     return run(state, stop_after)
 
@@ -176,13 +200,45 @@ def start(
     start_step=0,
     on_rows_retired=None,
     stop_after=None,
+    on_nonfinite="raise",
 ) -> SampleState:
     """Build the tracks of a run (and run a planner's probe); :func:`run` then advances it."""
-    _check_inputs(model_fn, latents, scheduler, controller, start_step, stop_after, on_rows_retired, callback)
+    _check_inputs(
+        model_fn,
+        latents,
+        scheduler,
+        controller,
+        start_step,
+        stop_after,
+        on_rows_retired,
+        callback,
+        on_nonfinite,
+    )
     batch = latents.shape[0]
+    if isinstance(scheduler, SchedulerAdapter):
+        base = scheduler
+        check_step_kwargs(base.scheduler, {} if step_kwargs is None else step_kwargs)
+        base.step_kwargs.update(step_kwargs or {})
+    else:
+        check_step_kwargs(scheduler, {} if step_kwargs is None else step_kwargs)
+        base = SchedulerAdapter(scheduler, step_kwargs)
+    if base.self_scheduling and num_inference_steps is not None:
+        raise ValueError(
+            f"{type(base.scheduler).__name__} chooses its own steps (from its tolerance); pass "
+            f"num_inference_steps=None, got {num_inference_steps!r}"
+        )
+    if base.self_scheduling and start_step:
+        raise ValueError(
+            f"{type(base.scheduler).__name__} always starts at its largest sigma; got start_step={start_step}"
+        )
     planner = num_inference_steps if isinstance(num_inference_steps, StepPlanner) else None
     counts = None if planner is not None else _steps_per_row(num_inference_steps, batch)
-    per_row = controller is not None or planner is not None or (counts is not None and len(set(counts)) > 1)
+    per_row = (
+        controller is not None
+        or planner is not None
+        or base.self_scheduling  # every row picks its own noise levels
+        or (counts is not None and len(set(counts)) > 1)
+    )
     if isinstance(generator, list) and len(generator) != batch:
         raise ValueError(f"got {len(generator)} generators for a batch of {batch}")
 
@@ -198,12 +254,8 @@ def start(
         steps_run=[0] * batch,
         notes=[""] * batch,
         live_rows=list(range(batch)),
+        on_nonfinite=on_nonfinite,
     )
-    if isinstance(scheduler, SchedulerAdapter):
-        base = scheduler
-        base.step_kwargs.update(step_kwargs or {})
-    else:
-        base = SchedulerAdapter(scheduler, step_kwargs)
     prepared = {}  # step count -> (adapter with timesteps set, begin index); copied per track
 
     def make_track(rows, n, x):
@@ -267,9 +319,10 @@ def _probe(state: SampleState, planner: StepPlanner, make_track, latents) -> Non
 def run(state: SampleState, stop_after: int | None) -> SampleResult:
     """Advance ``state`` by ``stop_after`` ticks (all remaining when None) and report."""
     t0 = time.perf_counter()
-    budget = max((tr.remaining for tr in state.tracks if not tr.done), default=0)
-    for _ in range(budget if stop_after is None else min(stop_after, budget)):
+    ticks = 0  # schedules may shrink (a controller's jump) or grow (a self-scheduling solver) as they run
+    while not state.finished and (stop_after is None or ticks < stop_after):
         tick(state)
+        ticks += 1
     state.seconds += time.perf_counter() - t0
     finished = state.finished
     out = torch.empty_like(state.template)

@@ -29,6 +29,7 @@ class StepRecord:
     stopped: list[int]  # rows retired by the controller at this tick
     nfe: int  # model calls so far (a batched call counts once; a draft's calls included)
     seconds: float  # wall time of this tick
+    jumped: list[int] = field(default_factory=list)  # rows whose controller replaced their remaining schedule
 
 
 def trace_table(trace: list[StepRecord]) -> dict[str, torch.Tensor]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import inspect
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from fastdiff.dynamic.adapters import SchedulerAdapter, predicted_x0
-from fastdiff.dynamic.protocols import Controller
+from fastdiff.dynamic.protocols import Controller, Decision
 from fastdiff.dynamic.records import SampleResult, StepRecord
 
 __all__ = ["Track", "SampleState", "tick"]
@@ -72,6 +73,8 @@ class SampleState:
     notes: list[str] = field(default_factory=list)
     live_rows: list[int] = field(default_factory=list)  # rows still running after the last tick
     draft: SampleResult | None = None
+    on_nonfinite: str = "raise"
+    warned_nonfinite: bool = False
 
     @property
     def finished(self) -> bool:
@@ -175,8 +178,9 @@ def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, t
         pred = state.model_fn(x_in, t_arg)
     if not isinstance(pred, torch.Tensor):
         raise TypeError(
-            f"model_fn must return a tensor shaped like its input, got {type(pred).__name__} "
-            "(for a diffusers UNet, return unet(...).sample)"
+            f"model_fn must return a tensor shaped like its input x {tuple(x_in.shape)}, got "
+            f"{type(pred).__name__} from {_model_name(state.model_fn)}; return the prediction itself, e.g. "
+            "`lambda x, t: unet(x, t).sample` for a diffusers UNet (its output is a dataclass or a tuple)"
         )
     if pred.shape != x_in.shape:
         raise ValueError(f"model_fn returned shape {tuple(pred.shape)} for input {tuple(x_in.shape)}")
@@ -188,6 +192,32 @@ def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, t
         for r in tr.rows.tolist():
             state.nfe_per_sample[r] += 1
     return outputs
+
+
+def _model_name(model_fn) -> str:
+    name = getattr(model_fn, "__qualname__", None) or type(model_fn).__qualname__
+    return f"model_fn {name!r}"
+
+
+def _nonfinite(state: SampleState, tr: Track, t, out, x0, record: StepRecord) -> None:
+    """Name what went non-finite, where, for which rows; raise or (once per run) warn."""
+    rows = tr.rows.tolist()
+    if not torch.isfinite(out).all():
+        what, bad = "the model output", out
+    elif not torch.isfinite(x0).all():
+        what, bad = "the x0 prediction", x0
+    else:
+        what, bad = "the latents after the step", tr.x
+    bad_rows = [r for r, ok in zip(rows, torch.isfinite(bad.flatten(1)).all(1).tolist()) if not ok] or rows
+    msg = (
+        f"NaN/inf in {what} at step index {tr.pos - 1} of row(s) {bad_rows} (tick {record.tick}, "
+        f"t={float(t):.6g}); pass on_nonfinite='warn' to continue anyway"
+    )
+    if state.on_nonfinite == "raise":
+        raise FloatingPointError(msg)
+    if not state.warned_nonfinite:
+        state.warned_nonfinite = True
+        warnings.warn(msg + " (warned once per run)", RuntimeWarning, stacklevel=4)
 
 
 def step(state: SampleState, inputs, outputs, record: StepRecord) -> torch.Tensor | None:
@@ -202,12 +232,16 @@ def step(state: SampleState, inputs, outputs, record: StepRecord) -> torch.Tenso
         tr.x, x0 = tr.adapter.step(out, t, tr.x, tr.generator)
         if x0 is None:
             x0 = predicted_x0(out, x_vp, alpha, sigma, tr.adapter.prediction_type)
+        # the norms double as the non-finite check (#16): a NaN/inf anywhere makes its row's norm non-finite
+        x0_norm = x0.flatten(1).double().norm(dim=1)
+        x_norm = torch.linalg.vector_norm(tr.x.flatten(1), dim=1, dtype=torch.float64)
+        tr.pos += 1
+        if not bool(torch.isfinite(x0_norm.sum() + x_norm.sum())):
+            _nonfinite(state, tr, t, out, x0, record)
         change = None
         if tr.x0 is not None:
-            diff = (x0 - tr.x0).flatten(1).double().norm(dim=1)
-            change = diff / x0.flatten(1).double().norm(dim=1).clamp_min(1e-12)
+            change = (x0 - tr.x0).flatten(1).double().norm(dim=1) / x0_norm.clamp_min(1e-12)
         tr.x0 = x0
-        tr.pos += 1
         sigma_ve = sigma / alpha if alpha > 0 else float("inf")
         for k, r in enumerate(tr.rows.tolist()):
             state.steps_run[r] += 1
@@ -224,16 +258,28 @@ def step(state: SampleState, inputs, outputs, record: StepRecord) -> torch.Tenso
 
 
 def retire(state: SampleState, live: list[int], record: StepRecord) -> None:
-    """Ask the controller about every single-row track still running; retired rows keep their x0."""
+    """Ask the controller about every single-row track still running: stop (the row keeps its x0), jump
+    (its scheduler finishes on the decision's noise levels) or continue."""
     for i in live:
         tr = state.tracks[i]
         if tr.done or len(tr.rows) != 1:
             continue
         r = int(tr.rows[0])
         done_steps, total = tr.pos - tr.start, len(tr.timesteps) - tr.start
-        if state.controller.should_stop(r, done_steps, total, record.x0_change[r], sigma=record.sigma[r]):
+        decision = state.controller.decide(
+            r, done_steps, total, record.x0_change[r], record.sigma[r], tr.adapter.sigmas_ahead()
+        )
+        if not isinstance(decision, Decision):
+            raise TypeError(
+                f"{type(state.controller).__name__}.decide() must return a fastdiff.dynamic.Decision, "
+                f"got {decision!r}"
+            )
+        if decision.action == "stop":
             tr.done, tr.stopped_early, tr.final = True, True, tr.x0
             record.stopped.append(r)
+        elif decision.action == "jump":
+            tr.adapter.reschedule(decision.sigmas)
+            record.jumped.append(r)
 
 
 def notify(state: SampleState) -> None:

@@ -108,25 +108,28 @@ class GMMDenoiser:
         self.noise = NoiseSchedule.from_config(schedule_config)
         self.class_labels = None if class_labels is None else torch.as_tensor(class_labels, dtype=torch.long)
         self.guidance_scale = float(guidance_scale)
-        self.calls = 0  # number of model evaluations (NFE)
+        # no call counter here: fastdiff.dynamic.sample reports NFE (SampleResult.nfe / nfe_per_sample)
 
-    def denoise_ve(self, x: torch.Tensor, sigma) -> torch.Tensor:
-        """Guided x0-prediction for the VE state ``x`` (n, dims), float64."""
+    def denoise_ve(self, x: torch.Tensor, sigma, rows=None) -> torch.Tensor:
+        """Guided x0-prediction for the VE state ``x`` (n, dims), float64; ``rows``: which samples of
+        the class labels ``x`` holds (default: all, in order)."""
         d_u = self.mixture.denoise(x, sigma)
         if self.class_labels is None or self.guidance_scale == 0.0:
             return d_u
-        d_c = self.mixture.denoise(x, sigma, self.class_labels)
+        labels = self.class_labels if rows is None else self.class_labels[torch.as_tensor(rows)]
+        d_c = self.mixture.denoise(x, sigma, labels)
         # eps = (x - D) / sigma is affine in D at fixed x, so CFG on eps equals CFG on D.
         return d_u + self.guidance_scale * (d_c - d_u)
 
-    def __call__(self, x: torch.Tensor, t) -> torch.Tensor:
-        self.calls += 1
-        t = float(t)
-        sigma = float(self.noise.sigma_of_t(t))
-        alpha = 1.0 / math.sqrt(1.0 + sigma**2)
+    def __call__(self, x: torch.Tensor, t, rows=None) -> torch.Tensor:
+        """``t``: one timestep, or one per row (rows on their own schedules); ``rows``: the batch rows in
+        ``x`` (passed by :func:`fastdiff.dynamic.sample` once rows leave the batch)."""
+        t = torch.as_tensor(t, dtype=torch.float64).reshape(-1).cpu().numpy()
+        sigma = torch.from_numpy(self.noise.sigma_of_t(t)).reshape(-1, 1)
+        alpha = 1.0 / torch.sqrt(1.0 + sigma**2)
         flat = x.double().reshape(x.shape[0], -1)
         x_ve = flat / alpha
-        eps = (x_ve - self.denoise_ve(x_ve, sigma)) / sigma
+        eps = (x_ve - self.denoise_ve(x_ve, sigma, rows)) / sigma
         return eps.reshape(x.shape).to(x.dtype)
 
 

@@ -31,6 +31,8 @@ from diffusers.schedulers.scheduling_utils import KarrasDiffusionSchedulers, Sch
 from diffusers.utils import BaseOutput
 from diffusers.utils.torch_utils import randn_tensor
 
+from fastdiff.dynamic.adapters import predicted_x0
+
 from .core import FINAL_STEPS, SAMPLERS, SolverState
 from .noise_schedule import NoiseSchedule, training_betas
 from .schedules import NAMED_SCHEDULES, build_schedule
@@ -316,15 +318,39 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
         """Identity: the model input is the VP state."""
         return sample
 
-    def _x0_from_output(
-        self, out: torch.Tensor, x: torch.Tensor, alpha: float, sigma_vp: float
-    ) -> torch.Tensor:
-        ptype = self.config.prediction_type
-        if ptype == "epsilon":
-            return (x - sigma_vp * out) / alpha
-        if ptype == "v_prediction":
-            return alpha * x - sigma_vp * out
-        return out
+    # --- dynamic step control (fastdiff.dynamic.adapters.Reschedulable) ----------------------
+    def sigmas_ahead(self) -> list[float]:
+        """VE noise levels still ahead: the next step's input level first, ending at 0."""
+        if self._solver is None:
+            raise ValueError("call set_timesteps() before asking for the remaining schedule")
+        i = self.step_index if self.step_index is not None else (self.begin_index or 0)
+        return self._sig64[i:]
+
+    def reschedule(self, sigmas) -> None:
+        """Replace the levels after the current one by ``sigmas`` (strictly decreasing, ending at 0) and
+        keep the state and the solver history: a multistep update reads the levels of its history, so the
+        next step is the same method on an uneven grid (DPM-Solver++ and UniPC allow any spacing)."""
+        if self._solver is None:
+            raise ValueError("call set_timesteps() before reschedule()")
+        i = self.step_index if self.step_index is not None else (self.begin_index or 0)
+        tail = [float(v) for v in sigmas]
+        cur = self._sig64[i]
+        if not tail or tail[-1] != 0.0 or any(b >= a for a, b in zip([cur, *tail], tail)):
+            raise ValueError(
+                f"reschedule needs levels below the current {cur:.6g}, strictly decreasing to 0; got {tail}"
+            )
+        sig = np.array(self._sig64[: i + 1] + tail, dtype=np.float64)
+        ts = np.array(
+            self._ts64[: i + 1] + [float(t) for t in self.noise_schedule.t_of_sigma(sig[i + 1 : -1])]
+        )
+        if not self.config.fractional_timesteps:
+            ts = np.round(ts)
+        steps, begin, shadow, history = self._step_index, self._begin_index, self._shadow, self._solver
+        self._set_schedule(ts, sig, self.timesteps.device)
+        # the new SolverState gets the old one's history (its level list is the new one)
+        history.sigmas, history.n = self._solver.sigmas, self._solver.n
+        self._solver = history
+        self._step_index, self._begin_index, self._shadow = steps, begin, shadow
 
     def step(
         self,
@@ -351,7 +377,7 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
             x = self._shadow[1]  # the full-precision state behind the low-precision tensor we returned
         sigma, sigma_next = self._sig64[i], self._sig64[i + 1]
         alpha = 1.0 / math.sqrt(1.0 + sigma**2)
-        x0 = self._x0_from_output(model_output.to(cdtype), x, alpha, sigma * alpha)
+        x0 = predicted_x0(model_output.to(cdtype), x, alpha, sigma * alpha, self.config.prediction_type)
 
         def noise_fn():
             return randn_tensor(

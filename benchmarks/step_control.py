@@ -1,0 +1,429 @@
+#!/usr/bin/env python
+"""Step control against fixed schedules of equal cost (issue #12, item 2): FastForward and AdaptiveScheduler.
+
+Modes, all driven by the one loop ``fastdiff.dynamic.sample``:
+
+* ``fast-forward``: :class:`fastdiff.dynamic.FastForward` on the default 30-step DPM-Solver++(2M) run: a row
+  whose x0 prediction has converged (EarlyStop's criterion, sigma <= 1) finishes with ``jumps`` large steps.
+* ``adaptive``: :class:`fastdiff.samplers.AdaptiveScheduler`, error-controlled step size (``atol`` tied to
+  ``rtol`` as in DPM-Solver's defaults, 0.0078 / 0.05).
+* ``early stop`` (context only): :class:`EarlyStop` with its defaults.
+
+Thresholds are chosen on training data only: the mixture ``GaussianMixture.random(dims=48, components=6,
+seed=1)`` and 8 training-split prompts. The rule: fewest mean NFE that meets goal G2 there (mixture: median
+RMS <= 2x the 30-step run's; tiny: worst-image PSNR >= 30 dB vs 100 steps), else the most accurate setting.
+Evaluation is held out: a mixture of another seed and size (``dims=64, components=8, seed=7``; 128 samples)
+and every 3rd of the 72 held-out prompt combinations of fastdiff-tiny (shipped ``base`` weights, guidance 5,
+per-prompt noise seed 1000 + i), per image against a 100-step DPM-Solver++(2M) Karras reference.
+
+Baselines: the best fixed schedule at the nearest NFE below and above each mode's mean NFE. Mixture: the
+better of DPM-Solver++(2M) Karras and trailing at each NFE; tiny: DPM-Solver++(2M) with ``schedule="auto"``
+(the measured best in ``results/sampler_defaults.md``); and 30 fixed steps.
+
+    flock /tmp/fastdiff-heavy.lock python benchmarks/step_control.py --part gmm
+    flock /tmp/fastdiff-heavy.lock python benchmarks/step_control.py --part tiny
+    python benchmarks/step_control.py --part nonfinite     # -> results/nonfinite_check.md
+    python benchmarks/step_control.py --report             # rewrite the markdown from the json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
+from fastdiff.dynamic import EarlyStop, FastForward, cfg_model_fn, sample  # noqa: E402
+from fastdiff.samplers import AdaptiveScheduler, make_scheduler  # noqa: E402
+from fastdiff.samplers.gmm import GaussianMixture, GMMDenoiser, probability_flow_reference, rms_errors  # noqa: E402
+
+NAME = "step_control"
+ATOL_PER_RTOL = 0.0078 / 0.05  # DPM-Solver's image defaults, one knob
+ADAPTIVE_GRID = (0.1, 0.05, 0.03, 0.02, 0.01, 0.005)
+FF_GRID = ((0.01, 1), (0.01, 2), (0.01, 3), (0.01, 4), (0.01, 5), (0.03, 3), (0.03, 5))  # (rtol, jumps)
+# on fastdiff-tiny x0 moves by 3-10 % per step down to sigma ~ 0.1, so EarlyStop's 1 % never fires before the
+# last steps, and DPM-Solver's rtol 0.05 costs ~35 NFE (smoke run on 2 training prompts): looser grids there
+TINY_ADAPTIVE_GRID = (1.0, 0.5, 0.25)
+TINY_FF_GRID = ((0.05, 3), (0.05, 5), (0.1, 5))
+GUIDANCE = 5.0
+REF_STEPS = 100
+
+
+def _load() -> dict:
+    path = RESULTS_DIR / f"{NAME}.json"
+    return json.loads(path.read_text()) if path.exists() else {"parts": {}}
+
+
+def _save(data: dict) -> None:
+    (RESULTS_DIR / f"{NAME}.json").write_text(json.dumps(data, indent=1))
+
+
+def _load_line(t0: float, label: str) -> str:
+    return f"{label}: load {os.getloadavg()[0]:.2f} after, {time.perf_counter() - t0:.0f} s, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+
+
+def _adaptive(rtol: float, like=None) -> AdaptiveScheduler:
+    return AdaptiveScheduler(rtol=rtol, atol=rtol * ATOL_PER_RTOL, like=like)
+
+
+def _nfe(res) -> tuple[float, int]:
+    n = torch.tensor(res.nfe_per_sample, dtype=torch.float64)
+    return round(float(n.mean()), 2), int(n.max())
+
+
+def _pick(rows: list[dict], ok, score) -> dict:
+    """Fewest mean NFE among rows meeting ``ok``, else the best ``score`` (higher is better)."""
+    good = [r for r in rows if ok(r)]
+    return min(good, key=lambda r: r["nfe_mean"]) if good else max(rows, key=score)
+
+
+# ----------------------------------------------------------------------------- exact mixture
+def _gmm_rows(model, x, ref, modes) -> list[dict]:
+    rows = []
+    for label, kind, setting, run in modes:
+        res = run()
+        e = rms_errors(res.latents, ref)
+        mean, worst = _nfe(res)
+        rows.append(
+            dict(mode=label, kind=kind, setting=setting, nfe_mean=mean, nfe_max=worst,
+                 rms_median=float(f"{float(e.median()):.3g}"), rms_worst=float(f"{float(e.max()):.3g}"))
+        )  # fmt: skip
+    return rows
+
+
+def _fixed(model, x, sched: str, n: int):
+    return lambda: sample(
+        model, x, scheduler=make_scheduler("dpmpp_2m", schedule=sched), num_inference_steps=n
+    )
+
+
+def _gmm_modes(model, x, adaptive, ff):
+    modes = [
+        (f"adaptive rtol={r}", "adaptive", r, lambda r=r: sample(model, x, scheduler=_adaptive(r)))
+        for r in adaptive
+    ]
+    for rt, j in ff:
+        ctl = FastForward(rtol=rt, jumps=j)
+        modes.append((f"fast-forward rtol={rt} jumps={j}", "fast-forward", [rt, j],
+                      lambda c=ctl: sample(model, x, scheduler=make_scheduler("dpmpp_2m"), num_inference_steps=30, controller=c)))  # fmt: skip
+    return modes
+
+
+def part_gmm(log) -> dict:
+    t0 = time.perf_counter()
+    out = {}
+    # tuning: training mixture
+    train = GMMDenoiser(GaussianMixture.random(dims=48, components=6, seed=1))
+    xt = torch.randn(64, 48, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    ref_t = probability_flow_reference(train, xt)
+    base30 = _gmm_rows(train, xt, ref_t, [("fixed 30 auto", "fixed", 30, _fixed(train, xt, "auto", 30))])[0]
+    tune = _gmm_rows(train, xt, ref_t, _gmm_modes(train, xt, ADAPTIVE_GRID, FF_GRID))
+    bound = 2 * base30["rms_median"]
+    chosen = {}
+    for kind in ("adaptive", "fast-forward"):
+        cand = [r for r in tune if r["kind"] == kind]
+        chosen[kind] = _pick(
+            cand, lambda r: r["rms_median"] <= bound and r["nfe_mean"] <= 18, lambda r: -r["rms_median"]
+        )
+    log(f"gmm tuning: 30-step {base30}; chosen {chosen}")
+    out["tuning"] = {"base30": base30, "rows": tune, "chosen": chosen}
+    # held out
+    mix = GaussianMixture.random(dims=64, components=8, seed=7)
+    model = GMMDenoiser(mix)
+    x = torch.randn(128, 64, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    ref = probability_flow_reference(model, x)
+    rows = _gmm_rows(model, x, ref, _gmm_modes(model, x, ADAPTIVE_GRID, FF_GRID))
+    rows += _gmm_rows(model, x, ref, [("early stop (defaults)", "early-stop", "default",
+                                       lambda: sample(model, x, scheduler=make_scheduler("dpmpp_2m"), num_inference_steps=30, controller=EarlyStop()))])  # fmt: skip
+    for n in range(4, 31):
+        for sched in ("karras", "trailing"):
+            rows += _gmm_rows(
+                model, x, ref, [(f"fixed {n} {sched}", f"fixed {sched}", n, _fixed(model, x, sched, n))]
+            )
+    for r in rows:
+        r["chosen"] = any(r["kind"] == k and r["setting"] == c["setting"] for k, c in chosen.items())
+    out["heldout"] = rows
+    out["load"] = _load_line(t0, "gmm")
+    log(out["load"])
+    return out
+
+
+# ----------------------------------------------------------------------------- fastdiff-tiny
+class Tiny:
+    def __init__(self, attrs, seed0: int):
+        from fastdiff.tiny import load_pipeline
+
+        self.pipe = pipe = load_pipeline("base")
+        self.attrs = attrs
+        prompts = [a.prompt for a in attrs]
+        with torch.no_grad():
+            cond, uncond = pipe.encode_prompt(prompts, "cpu", 1, True, [""] * len(prompts))
+        self.model = cfg_model_fn(pipe.unet, cond, uncond, guidance_scale=GUIDANCE)
+        size = pipe.unet.config.sample_size
+        self.latents = torch.cat(
+            [
+                torch.randn(1, 4, size, size, generator=torch.Generator().manual_seed(seed0 + i))
+                for i in range(len(attrs))
+            ]
+        )
+
+    def run(self, scheduler, steps=None, controller=None):
+        with torch.no_grad():
+            return sample(
+                self.model,
+                self.latents,
+                scheduler=scheduler,
+                num_inference_steps=steps,
+                controller=controller,
+            )
+
+    @torch.no_grad()
+    def decode(self, latents):
+        vae = self.pipe.vae
+        return (vae.decode(latents / vae.config.scaling_factor).sample / 2 + 0.5).clamp(0, 1)
+
+    def fixed(self, n: int, schedule: str = "auto"):
+        return self.run(make_scheduler("dpmpp_2m", like=self.pipe.scheduler, schedule=schedule), n)
+
+
+def _tiny_row(tiny: Tiny, ref_img, res, **fields) -> dict:
+    from fastdiff import metrics
+
+    img = tiny.decode(res.latents)
+    p = metrics.psnr(img, ref_img, data_range=1.0, reduction="none")
+    mean, worst = _nfe(res)
+    return {**fields, "nfe_mean": mean, "nfe_max": worst, "psnr_mean": round(float(p.mean()), 2),
+            "psnr_worst": round(float(p.min()), 2), "attr_all": round(metrics.score(img, tiny.attrs)["all"], 3)}  # fmt: skip
+
+
+def _tiny_modes(tiny, adaptive, ff):
+    like = tiny.pipe.scheduler
+    modes = [
+        (f"adaptive rtol={r}", "adaptive", r, lambda r=r: tiny.run(_adaptive(r, like))) for r in adaptive
+    ]
+    for rt, j in ff:
+        modes.append((f"fast-forward rtol={rt} jumps={j}", "fast-forward", [rt, j],
+                      lambda rt=rt, j=j: tiny.run(make_scheduler("dpmpp_2m", like=like), 30, FastForward(rtol=rt, jumps=j))))  # fmt: skip
+    return modes
+
+
+def part_tiny(log, every: int = 3, n_train: int = 8) -> dict:
+    from fastdiff.tiny.data import list_prompts, sample_attributes
+
+    t0 = time.perf_counter()
+    out = {}
+    train = Tiny(sample_attributes(n_train, seed=11, split="train"), seed0=500)
+    ref_t = train.decode(train.fixed(REF_STEPS, "karras").latents)
+    tune = []
+    for label, kind, setting, run in _tiny_modes(train, TINY_ADAPTIVE_GRID, TINY_FF_GRID):
+        tune.append(_tiny_row(train, ref_t, run(), mode=label, kind=kind, setting=setting))
+        log(f"tune {tune[-1]}")
+    chosen = {
+        kind: _pick(
+            [r for r in tune if r["kind"] == kind],
+            lambda r: r["psnr_worst"] >= 30.0,
+            lambda r: r["psnr_worst"],
+        )
+        for kind in ("adaptive", "fast-forward")
+    }
+    out["tuning"] = {"rows": tune, "chosen": chosen, "prompts": n_train}
+    log(f"tiny chosen {chosen} ({time.perf_counter() - t0:.0f}s)")
+
+    attrs = [a for _, a in list_prompts("heldout")][::every]
+    tiny = Tiny(attrs, seed0=1000)
+    ref = tiny.decode(tiny.fixed(REF_STEPS, "karras").latents)
+    rows = []
+    for label, kind, setting, run in _tiny_modes(
+        tiny, [chosen["adaptive"]["setting"]], [tuple(chosen["fast-forward"]["setting"])]
+    ):
+        rows.append(_tiny_row(tiny, ref, run(), mode=label, kind=kind, setting=setting, chosen=True))
+        log(f"heldout {rows[-1]}")
+    rows.append(_tiny_row(tiny, ref, tiny.run(make_scheduler("dpmpp_2m", like=tiny.pipe.scheduler), 30, EarlyStop()),
+                          mode="early stop (defaults)", kind="early-stop", setting="default", chosen=False))  # fmt: skip
+    needed = {30}
+    for r in rows:
+        needed |= {max(2, math.floor(r["nfe_mean"])), math.ceil(r["nfe_mean"])}
+    for n in sorted(needed):
+        rows.append(
+            _tiny_row(
+                tiny, ref, tiny.fixed(n), mode=f"fixed {n} auto", kind="fixed auto", setting=n, chosen=False
+            )
+        )
+        log(f"heldout {rows[-1]}")
+    out["heldout"] = rows
+    out["prompts"] = len(attrs)
+    out["load"] = _load_line(t0, "tiny")
+    log(out["load"])
+    return out
+
+
+# ----------------------------------------------------------------------------- non-finite check cost
+def part_nonfinite(log) -> list[str]:
+    """Cost of the loop's NaN/inf check: the norm it adds (x0's norm is computed anyway) against separate
+    ``isfinite`` passes over the model output and the new latents, beside one step of fastdiff-tiny."""
+    from benchmarks._common import time_fn
+
+    lines, added = [], []
+    for shape in ((24, 4, 16, 16), (2, 4, 64, 64)):
+        out, x0, x = (torch.randn(shape) for _ in range(3))
+
+        def norms(x0=x0, x=x):  # what the loop does: x0's norm (needed for x0_change anyway) + the state's
+            a = x0.flatten(1).double().norm(dim=1)
+            b = torch.linalg.vector_norm(x.flatten(1), dim=1, dtype=torch.float64)
+            return bool(torch.isfinite(a.sum() + b.sum()))
+
+        def x0_norm_only(x0=x0):  # the part the loop computed before the check existed
+            return x0.flatten(1).double().norm(dim=1)
+
+        def passes(out=out, x=x):  # the separate check it would otherwise be
+            return bool(torch.isfinite(out).all()) and bool(torch.isfinite(x).all())
+
+        t_norms, t_base, t_pass = (time_fn(f, warmup=20, reps=400) for f in (norms, x0_norm_only, passes))
+        added.append(t_norms - t_base)
+        lines.append(
+            f"| {tuple(shape)} | {1e6 * (t_norms - t_base):.1f} | {1e6 * t_pass:.1f} | {1e6 * t_base:.1f} |"
+        )
+        log(lines[-1])
+    from fastdiff.tiny.data import list_prompts
+
+    tiny = Tiny([a for _, a in list_prompts("heldout")][::3], seed0=1000)
+    res = tiny.fixed(10)
+    per_step = res.seconds / 10
+    return lines, per_step, max(added)
+
+
+# ----------------------------------------------------------------------------- report
+def _nearest_fixed(fixed: list[dict], nfe: float, key: str, better) -> tuple[dict | None, dict | None]:
+    below = [r for r in fixed if r["setting"] <= nfe]
+    above = [r for r in fixed if r["setting"] >= nfe]
+    pick = lambda rs, n: max(
+        (r for r in rs if r["setting"] == n), key=lambda r: better * r[key], default=None
+    )  # noqa: E731
+    lo = pick(below, max((r["setting"] for r in below), default=None))
+    hi = pick(above, min((r["setting"] for r in above), default=None))
+    return lo, hi
+
+
+def _chosen(part: dict) -> str:
+    return ", ".join(f"{k} {v['setting']}" for k, v in part["tuning"]["chosen"].items())
+
+
+def report(data: dict) -> str:
+    meta = data.get("meta", {})
+    lines = [f"# {NAME}", "", hardware_line(meta) if meta else "", "",
+             "Generated by `benchmarks/step_control.py` (see its docstring for the protocol).", ""]  # fmt: skip
+    goals = []
+    g = data["parts"].get("gmm")
+    if g:
+        held = g["heldout"]
+        fixed = [r for r in held if r["kind"].startswith("fixed")]
+        base30 = min((r for r in fixed if r["setting"] == 30), key=lambda r: r["rms_median"])
+        lines += ["## Exact Gaussian mixture (held out: dims 64, 8 components, seed 7; 128 samples)", "",
+                  f"Median / worst per-sample RMS error against the float64 probability-flow solution. {g['load']}.",
+                  f"Chosen on the training mixture: {_chosen(g)}.", ""]  # fmt: skip
+        table = []
+        for r in [r for r in held if not r["kind"].startswith("fixed")]:
+            lo, hi = _nearest_fixed(fixed, r["nfe_mean"], "rms_median", -1)
+            table.append({**{k: r[k] for k in ("mode", "nfe_mean", "nfe_max", "rms_median", "rms_worst")},
+                          "chosen": "yes" if r.get("chosen") else "",
+                          "fixed below": f"{lo['mode']}: {lo['rms_median']}" if lo else "-",
+                          "fixed above": f"{hi['mode']}: {hi['rms_median']}" if hi else "-"})  # fmt: skip
+            if r.get("chosen"):
+                ref_lo = lo["rms_median"] if lo else math.inf
+                beats = r["rms_median"] < min(ref_lo, hi["rms_median"] if hi else math.inf) if lo else False
+                cheaper = min(
+                    (f for f in fixed if f["setting"] <= r["nfe_mean"]), key=lambda f: f["rms_median"]
+                )
+                goals.append(f"- G1 mixture, {r['mode']} ({r['nfe_mean']} NFE): median RMS {r['rms_median']} vs best "
+                             f"fixed {lo['rms_median'] if lo else '-'} (below) / {hi['rms_median'] if hi else '-'} (above): "
+                             f"**{'met' if beats else 'not met'}** (best fixed at any NFE <= {r['nfe_mean']}: "
+                             f"{cheaper['mode']}, {cheaper['rms_median']}; the mixture's error is not monotone in NFE "
+                             "because the last step's x0 read-out at sigma_min leaves a floor)")  # fmt: skip
+                saved = 1 - r["nfe_mean"] / 30
+                ok = saved >= 0.4 and r["rms_median"] <= 2 * base30["rms_median"]
+                goals.append(f"- G2 mixture, {r['mode']}: {100 * saved:.0f}% fewer NFE than 30 steps, median RMS "
+                             f"{r['rms_median']} vs 2x {base30['rms_median']} = {2 * base30['rms_median']:.3g}: "
+                             f"**{'met' if ok else 'not met'}**")  # fmt: skip
+        lines += [markdown_table(table), ""]
+        lines += ["Fixed DPM-Solver++(2M), median RMS (karras / trailing):", ""]
+        lines += [markdown_table([{"NFE": n, **{s: next((r["rms_median"] for r in fixed if r["setting"] == n and r["kind"] == f"fixed {s}"), "")
+                                                 for s in ("karras", "trailing")}} for n in range(4, 31)])]  # fmt: skip
+        lines += [""]
+    t = data["parts"].get("tiny")
+    if t:
+        held = t["heldout"]
+        fixed = [r for r in held if r["kind"] == "fixed auto"]
+        base30 = next(r for r in fixed if r["setting"] == 30)
+        lines += [f"## fastdiff-tiny (shipped weights, guidance 5, {t['prompts']} held-out prompts)", "",
+                  f"Per-image PSNR against 100-step DPM-Solver++(2M) Karras; attribute accuracy (`fastdiff.metrics.score`, all three right). {t['load']}.",
+                  f"Chosen on {t['tuning']['prompts']} training prompts: {_chosen(t)}.", ""]  # fmt: skip
+        lines += [markdown_table([{k: r[k] for k in ("mode", "nfe_mean", "nfe_max", "psnr_mean", "psnr_worst", "attr_all")} for r in held]), ""]  # fmt: skip
+        for r in [r for r in held if r.get("chosen")]:
+            lo, hi = _nearest_fixed(fixed, r["nfe_mean"], "psnr_worst", 1)
+            beats = all(
+                f is None or (r["psnr_worst"] > f["psnr_worst"] and r["attr_all"] >= f["attr_all"])
+                for f in (lo, hi)
+            )
+            goals.append(f"- G1 tiny, {r['mode']} ({r['nfe_mean']} NFE): worst PSNR {r['psnr_worst']} dB, attributes "
+                         f"{r['attr_all']} vs fixed {lo['setting'] if lo else '-'}: {lo['psnr_worst'] if lo else '-'} dB / {lo['attr_all'] if lo else '-'}, "
+                         f"fixed {hi['setting'] if hi else '-'}: {hi['psnr_worst'] if hi else '-'} dB / {hi['attr_all'] if hi else '-'}: **{'met' if beats else 'not met'}**")  # fmt: skip
+            saved = 1 - r["nfe_mean"] / 30
+            ok = saved >= 0.4 and r["psnr_worst"] >= 30.0
+            goals.append(f"- G2 tiny, {r['mode']}: {100 * saved:.0f}% fewer NFE than 30 steps ({base30['psnr_worst']} dB worst), "
+                         f"worst PSNR {r['psnr_worst']} dB (goal >= 30): **{'met' if ok else 'not met'}**")  # fmt: skip
+        lines += ["Tuning rows (training prompts):", "", markdown_table([{k: r[k] for k in ("mode", "nfe_mean", "psnr_mean", "psnr_worst", "attr_all")} for r in t["tuning"]["rows"]]), ""]  # fmt: skip
+    reading = [
+        "Reading (the 2026-12-03 run): on held-out prompts FastForward meets G1 on the worst image and on attribute",
+        "accuracy, but the attribute margin is one image of 24 and its mean PSNR is lower than the fixed schedules'",
+        "(it trades the typical image for the worst one). On the mixture its G1 'met' is a 3 % tie at 23 NFE, and a",
+        "fixed 18-step Karras run is better than every mode. AdaptiveScheduler loses at equal NFE on both testbeds.",
+        "No mode reaches G2 (40 % fewer NFE than 30 steps at the quality bar): not met.",
+    ]
+    lines = lines[:6] + ["## Goals", "", *goals, "", *reading, ""] + lines[6:]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=["gmm", "tiny", "nonfinite"])
+    ap.add_argument("--report", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    data = _load()
+    if args.part == "nonfinite":
+        rows, per_step, added = part_nonfinite(log)
+        meta = env_info()
+        md = ["# nonfinite_check", "", hardware_line(meta), "",
+              "Per-step cost of `sample(..., on_nonfinite=...)`'s NaN/inf check (`benchmarks/step_control.py --part nonfinite`),"
+              " median of 400 calls, microseconds. The loop checks the norms of x0 (computed anyway for `x0_change`)"
+              " and of the new latents; the alternative is two `isfinite(...).all()` passes.", "",
+              "| tensor | added by the loop's check (norm of the latents + test) | two isfinite passes | x0 norm the loop already computed |",
+              "|---|---|---|---|", *rows, "",
+              f"One fastdiff-tiny step (24 held-out prompts, guidance 5, batch 48 through the U-Net): {1e3 * per_step:.0f} ms; "
+              f"load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+              f"The check adds at most {1e6 * added:.0f} us per step = {100 * added / per_step:.3f}% of a tiny step "
+              "(far less of an SD step): nothing measurable. Separate isfinite passes would cost about 3x more.", ""]  # fmt: skip
+        (RESULTS_DIR / "nonfinite_check.md").write_text("\n".join(md))
+        return
+    if args.part:
+        data.setdefault("parts", {})[args.part] = (part_gmm if args.part == "gmm" else part_tiny)(log)
+        data["meta"] = env_info()
+        data["meta"]["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        _save(data)
+    (RESULTS_DIR / f"{NAME}.md").write_text(report(data))
+
+
+if __name__ == "__main__":
+    main()
