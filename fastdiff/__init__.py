@@ -33,6 +33,7 @@ _EXPORTS = {
     "make_scheduler": "fastdiff.samplers",
     "FastScheduler": "fastdiff.samplers",
     "fit_schedule": "fastdiff.samplers",
+    "AdaptiveScheduler": "fastdiff.samplers",
     "step_cache": "fastdiff.caching",
     "sample": "fastdiff.dynamic",
     "resume": "fastdiff.dynamic",
@@ -40,7 +41,9 @@ _EXPORTS = {
     "Controller": "fastdiff.dynamic",
     "StepPlanner": "fastdiff.dynamic",
     "SampleResult": "fastdiff.dynamic",
+    "Decision": "fastdiff.dynamic",
     "EarlyStop": "fastdiff.dynamic",
+    "FastForward": "fastdiff.dynamic",
     "AutoSteps": "fastdiff.dynamic",
     # drop-in pipelines
     "StableDiffusionPipeline": "fastdiff.pipelines",

@@ -153,7 +153,7 @@ CONFIGS = (
     Config("lcm-draft", "LCM-distilled student, 4 steps (guidance is a U-Net input)", _lcm_draft),
     Config(
         "early-stop",
-        "DPM-Solver++(2M) 30 steps, per-image early stop (x0 change < 1% twice, sigma <= 1)",
+        "DPM-Solver++(2M) 20 steps ('quality'), per-image early stop (x0 change < 1% twice, sigma <= 1)",
         _dynamic(steps="quality", early_stop=True),
     ),
     Config(

@@ -127,6 +127,12 @@ def test_bad_input_raises_clear_errors(kwargs, match):
             r"timestep_scaling must be a finite number > 0, got nan",
         ),
         ("lcm", dict(original_inference_steps=0), r"original_inference_steps must be an int >= 1, got 0"),
+        ("dpmpp_2m", dict(schedule=[]), r"schedule must be a name .* or a non-empty 1-D list/tensor"),
+        (
+            "dpmpp_2m",
+            dict(schedule=[[14.6, 1.0]]),
+            r"schedule must be a name .* or a non-empty 1-D list/tensor",
+        ),
     ],
 )
 def test_options_that_would_be_ignored_or_are_not_finite_raise(name, kwargs, match):

@@ -32,7 +32,7 @@ class EarlyStop(Controller):
         max_sigma: only steps at noise level (VE sigma = sigma_t / alpha_t) <= ``max_sigma`` count as calm,
             so a row stops after ``patience`` calm steps *below* it. At high noise the x0 prediction sits
             near the data mean and can stall, which would pass for convergence. Default 1.0; None
-            disables the guard. Measured effects are in ``benchmarks/results/dynamic_steps.md``.
+            disables the guard. Measured effects are in ``benchmarks/results/step_control.md``.
     """
 
     def __init__(

@@ -36,7 +36,8 @@ from fastdiff.dynamic.adapters import predicted_x0
 from .core import FINAL_STEPS
 from .dpm_solver import dpmpp_update
 from .noise_schedule import NoiseSchedule, training_betas
-from .scheduler import INHERITED_KEYS, PREDICTION_TYPES, FastSchedulerOutput, _config_of
+from .options import PREDICTION_TYPES
+from .scheduler import INHERITED_KEYS, FastSchedulerOutput, _config_of
 
 __all__ = ["AdaptiveScheduler"]
 

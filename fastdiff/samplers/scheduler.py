@@ -14,6 +14,10 @@ Attributes useful beyond pipelines (for dynamic step control):
 * :meth:`add_noise` / :meth:`add_noise_to_sigma` -- re-noise an x0 to a timestep / sigma;
 * :meth:`sigma_of_timestep` / :meth:`timestep_of_sigma` -- continuous conversions.
 
+This module is about 430 lines because ``FastScheduler`` is diffusers' whole scheduler protocol in one class
+(``set_timesteps``, ``step``, ``scale_model_input``, ``add_noise``, indexing, config round trips); option
+checks live in :mod:`fastdiff.samplers.options` and the update rules in :mod:`fastdiff.samplers.core`.
+
 Notes for pipeline users: DDIM's ``eta`` is a scheduler option (``make_scheduler("ddim",
 eta=0.5)``), not a ``step`` argument, because pipelines always pass their own ``eta=0.0``.
 """
@@ -33,11 +37,10 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from fastdiff.dynamic.adapters import predicted_x0
 
-from .core import FINAL_STEPS, SAMPLERS, SolverState
+from .core import SAMPLERS, SolverState
 from .noise_schedule import NoiseSchedule, training_betas
-from .schedules import NAMED_SCHEDULES, build_schedule
-
-PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
+from .options import as_config_value, validate_options
+from .schedules import build_schedule
 
 
 @dataclass
@@ -48,99 +51,6 @@ class FastSchedulerOutput(BaseOutput):
     prev_sample: torch.Tensor
     pred_original_sample: torch.Tensor
     denoised: torch.Tensor | None = None
-
-
-def _as_config_value(schedule):
-    """Explicit schedules are stored in the config as plain lists so save_pretrained works."""
-    if isinstance(schedule, torch.Tensor):
-        return schedule.detach().cpu().tolist()
-    if isinstance(schedule, np.ndarray):
-        return schedule.tolist()
-    if isinstance(schedule, (list, tuple)):
-        return [v.item() if isinstance(v, (np.generic, torch.Tensor)) else v for v in schedule]
-    return schedule
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
-    )
-
-
-def _validate_options(sampler: str, **o) -> None:
-    """Reject bad values and options that the chosen sampler or schedule would silently ignore.
-
-    Every message names the option, the value received and what is valid (issue #16): a sweep
-    that sets ``eta`` on DPM-Solver++ must fail, not report numbers identical to the default.
-    """
-    if sampler not in SAMPLERS:
-        raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(SAMPLERS)}")
-    info = SAMPLERS[sampler]
-    if o["prediction_type"] not in PREDICTION_TYPES:
-        raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {o['prediction_type']!r}")
-    if o["final_step"] not in FINAL_STEPS:
-        raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {o['final_step']!r}")
-    schedule = o["schedule"]
-    if isinstance(schedule, str) and schedule not in NAMED_SCHEDULES:
-        raise ValueError(
-            f"unknown schedule {schedule!r}; valid: {', '.join(NAMED_SCHEDULES)}, "
-            "or an explicit list/tensor of sigmas (float) or timesteps (int)"
-        )
-    if o["schedule_kind"] not in (None, "sigmas", "timesteps"):
-        raise ValueError(f"schedule_kind must be None, 'sigmas' or 'timesteps', got {o['schedule_kind']!r}")
-    for flag in ("fractional_timesteps", "lower_order_final", "use_corrector"):
-        if not isinstance(o[flag], (bool, np.bool_)):
-            raise TypeError(f"{flag} must be True or False, got {o[flag]!r} ({type(o[flag]).__name__})")
-    for name, low in (("rho", 0.0), ("eta", 0.0), ("timestep_scaling", 0.0)):
-        v = o[name]
-        if not _is_real(v) or not math.isfinite(v) or (v <= low if name != "eta" else v < low):
-            rule = ">= 0" if name == "eta" else "> 0"
-            raise ValueError(f"{name} must be a finite number {rule}, got {v!r}")
-    ois = o["original_inference_steps"]
-    if not isinstance(ois, (int, np.integer)) or isinstance(ois, (bool, np.bool_)) or ois < 1:
-        raise ValueError(f"original_inference_steps must be an int >= 1, got {ois!r}")
-    order = o["solver_order"]
-    if order is not None:
-        if not isinstance(order, (int, np.integer)) or isinstance(order, (bool, np.bool_)):
-            raise TypeError(
-                f"{sampler}: solver_order must be an int in [1, {info.max_order}] or None, got {order!r} "
-                f"({type(order).__name__})"
-            )
-        if not 1 <= order <= info.max_order:
-            raise ValueError(f"{sampler}: solver_order must be in [1, {info.max_order}], got {order}")
-
-    # options that only some samplers / schedules read: a non-default value elsewhere is an error
-    effective = info.default_schedule if schedule is None else schedule
-    ignored = []
-    if o["eta"] != 0.0 and sampler != "ddim":
-        ignored.append(f"eta={o['eta']!r} applies only to sampler 'ddim'")
-    if o["use_corrector"] is not True and sampler != "unipc":
-        ignored.append(f"use_corrector={o['use_corrector']!r} applies only to sampler 'unipc'")
-    if o["lower_order_final"] is not True and info.max_order == 1:
-        ignored.append(
-            f"lower_order_final={o['lower_order_final']!r} applies only to the multistep samplers "
-            "'dpmpp_2m', 'dpmpp_3m', 'dpmpp_2m_sde', 'unipc'"
-        )
-    if o["final_step"] != "denoised" and sampler == "lcm":
-        ignored.append(f"final_step={o['final_step']!r} does not apply to 'lcm' (it always returns its x0)")
-    if o["timestep_scaling"] != 10.0 and sampler != "lcm":
-        ignored.append(f"timestep_scaling={o['timestep_scaling']!r} applies only to sampler 'lcm'")
-    if o["rho"] != 7.0 and effective not in ("karras", "auto"):
-        ignored.append(
-            f"rho={o['rho']!r} applies only to schedule='karras' or 'auto' (schedule here: {effective!r})"
-        )
-    if o["original_inference_steps"] != 50 and effective != "lcm":
-        ignored.append(
-            f"original_inference_steps={o['original_inference_steps']!r} applies only to schedule='lcm' "
-            f"(schedule here: {effective!r})"
-        )
-    if o["schedule_kind"] is not None and isinstance(effective, str):
-        ignored.append(
-            f"schedule_kind={o['schedule_kind']!r} applies only to an explicit schedule list "
-            f"(schedule here: {effective!r})"
-        )
-    if ignored:
-        raise ValueError(f"{sampler}: option(s) that would be silently ignored: " + "; ".join(ignored))
 
 
 class FastScheduler(SchedulerMixin, ConfigMixin):
@@ -172,7 +82,7 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
         original_inference_steps: int = 50,
         timestep_scaling: float = 10.0,
     ):
-        _validate_options(
+        validate_options(
             sampler,
             prediction_type=prediction_type,
             schedule=schedule,
@@ -514,10 +424,10 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
         )
     kwargs = {k: cfg[k] for k in INHERITED_KEYS if k in cfg and cfg[k] is not None}
     if "trained_betas" in kwargs:
-        kwargs["trained_betas"] = _as_config_value(kwargs["trained_betas"])
+        kwargs["trained_betas"] = as_config_value(kwargs["trained_betas"])
     if name == "dpmpp_3m" and "solver_order" not in options:
         options["solver_order"] = 3
     if "schedule" in options:
-        options["schedule"] = _as_config_value(options["schedule"])
+        options["schedule"] = as_config_value(options["schedule"])
     kwargs.update(options)
     return FastScheduler(sampler=name, **kwargs)
