@@ -51,13 +51,14 @@ from torch import nn
 
 from fastdiff import installed
 from fastdiff.caching.hooks import HANDLE_ATTR, CallHooks
+from fastdiff.caching.pipeline import install_rows_hook
 from fastdiff.caching.policy import StepProfile, explicit_refresh
 from fastdiff.caching.rows import RowSelection
-from fastdiff.caching.stats import StepCacheStats
+from fastdiff.caching.stats import StepCacheRun, StepCacheStats, run_summary
 from fastdiff.caching.steps import StepClock
 from fastdiff.caching.units import cross_attentions, layout
 
-__all__ = ["MODES", "StepCache", "StepCacheStats", "step_cache"]
+__all__ = ["MODES", "StepCache", "StepCacheRun", "StepCacheStats", "step_cache"]
 
 MODES = ("uniform", "schedule", "adaptive", "off")
 
@@ -78,6 +79,8 @@ class StepCache(StepClock, CallHooks, RowSelection):
         self._schedule_override: list[float] | None = None
         self._external: tuple[int, float] | None = None  # (count, t) of the step announced by begin_step
         self._announced = 0
+        self._run_serial = 0  # counts runs (never reset): a rows hook checks it follows the current run
+        self._first_batch: int | None = None  # batch of the first call since a pipeline call ended
         self._clear_run()
 
     # ------------------------------------------------------------------ configuration
@@ -158,6 +161,10 @@ class StepCache(StepClock, CallHooks, RowSelection):
     def reset_stats(self) -> None:
         self.stats = StepCacheStats()
 
+    def last_run(self) -> StepCacheRun | None:
+        """What the cache did in the current or last run (None before the first U-Net call)."""
+        return run_summary(self.stats, self.mode, self.enabled)
+
     @property
     def installed(self) -> bool:
         return self._hook is not None
@@ -201,4 +208,8 @@ def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
     handle.set(mode, **options)
     handle._install()
     installed.record(pipe_or_unet, "step_cache", handle.remove, mode=mode, **options)
+    from fastdiff.pipelines._mixin import FastdiffPipelineMixin  # lazy: the pipelines import this package
+
+    if isinstance(pipe, FastdiffPipelineMixin):  # rows may leave its batch: follow them (see .pipeline)
+        install_rows_hook(pipe, handle)
     return handle

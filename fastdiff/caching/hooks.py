@@ -52,7 +52,9 @@ class CallHooks:
                 self._calls_per_step = self._slot + 1
             if self._step < 0:
                 self.stats.runs += 1
+                self._run_serial += 1
                 self.stats.trace = []
+                self.stats.run_calls = [0, 0, 0]
             self._last_key, self._last_t = key, tvals
             self._step += 1
             self._slot = 0
@@ -69,6 +71,8 @@ class CallHooks:
             self._slot_batch.append(None)
             self._probe_prev.append(None)
         batch = sample.shape[0]
+        if self._first_batch is None:  # the first call since the rows hook was (re)armed covers every row
+            self._first_batch = batch
         self._gating = (
             self.enabled
             and self.gate_step is not None
@@ -87,6 +91,7 @@ class CallHooks:
         elif not matches:
             self._call = "full"
             self.stats.forced_refreshes += 1
+            self.stats.run_calls[2] += 1
         else:
             self._call = "cached" if self._step_full is False else "probe"
         self._slot_batch[self._slot] = batch
@@ -99,6 +104,8 @@ class CallHooks:
         full = self._call == "full"  # a probe call that replayed the deep part counts as cached
         self.stats.full_calls += full
         self.stats.cached_calls += not full
+        self.stats.run_calls[0] += 1
+        self.stats.run_calls[1] += full
         if self._slot == 0:
             rec = self.stats.trace[-1]
             rec["full"] = full

@@ -74,6 +74,11 @@ class RowSelection:
         same_t = t.dim() == 0 or t.numel() == 1 or torch.equal(t[: b // 2], t[b // 2 :])
         return bool(same_t) and torch.equal(sample[: b // 2], sample[b // 2 :])
 
+    def _holds_rows(self, num_rows: int, blocks: int) -> bool:
+        """Whether every cached slot holds ``num_rows`` rows in ``blocks`` blocks (one after a halved pair)."""
+        expected = num_rows if self._halved else blocks * num_rows
+        return all(b is None or b == expected for b in self._slot_batch)
+
     def _halve(self, args, kwargs, batch: int):
         """Run only the conditional half (T-GATE, Zhang et al. 2024, Sec. 4: after the gate the two halves differ
         only through cross-attention, which is now the halves' mean), and keep the cache's rows in step."""
