@@ -580,3 +580,22 @@ def test_pipeline_record_reports_the_calls_cache_run(fpipe):
     fastdiff.restore(fpipe)
     out = fpipe("a red cat", num_inference_steps=6, generator=torch.Generator().manual_seed(0), **kw)
     assert out.fastdiff.step_cache is None
+
+
+def test_report_lists_the_installed_cache_and_its_last_run(fpipe):
+    import fastdiff
+
+    assert fastdiff.report(fpipe).step_cache is None and "[step_cache]" not in str(fastdiff.report(fpipe))
+    fastdiff.step_cache(fpipe, mode="uniform", interval=3)
+    text = str(fastdiff.report(fpipe))
+    assert "[step_cache] installed: StepCache(mode='uniform', interval=3" in text and "last run: none" in text
+    out = fpipe(
+        "a red cat", num_inference_steps=6, guidance_scale=4.0, output_type="latent", height=32, width=32
+    )
+    rep = fastdiff.report(fpipe)
+    assert rep.step_cache.last_run == out.fastdiff.step_cache
+    assert "last run: 3 full / 3 cached U-Net evaluations (50% skipped) over 6 steps" in str(rep)
+    assert "refresh steps [0, 3, 5]" in str(rep) and "1 runs, 6 U-Net calls, 3 full" in str(rep)
+    assert rep.to_dict()["step_cache"]["last_run"]["full_evals"] == 3
+    fastdiff.restore(fpipe)
+    assert fastdiff.report(fpipe).step_cache is None
