@@ -3,7 +3,7 @@
 The handle's state machine is one class assembled from mixins, one concern per module: :mod:`.steps`
 (which step and run a call belongs to, full or cached), :mod:`.hooks` (the U-Net hooks and unit wrappers),
 :mod:`.rows` (keeping rows that stay in the batch), :mod:`.stats` (counters); this module holds the
-configuration and :func:`step_cache`. The state itself is created here (``__init__``) and in
+configuration and :func:`step_cache`; :mod:`.pipeline` connects it to fastdiff's drop-in pipelines. The state itself is created here (``__init__``) and in
 :meth:`.steps.StepClock._clear_run`.
 
 Design (and why):
@@ -188,9 +188,14 @@ def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
             ``gate_step`` (cross-attention gating from this run-relative step on), ``gate_uncond``
             (after the gate, run a guidance pair's conditional half only).
 
+    On a fastdiff drop-in pipeline (``fastdiff.StableDiffusionPipeline`` ...) it also installs the rows hook
+    of :mod:`.pipeline`, so images that stop at different steps (``early_stop=``) keep their own cached
+    features; pass the pipeline, not its U-Net, to get it. Each call's ``output.fastdiff.step_cache`` then
+    says what the cache did.
+
     Returns:
-        A :class:`StepCache`; ``handle.stats`` counts full and cached steps. ``fastdiff.restore`` (or
-        ``fastdiff.installed.undo_all``) on the same object removes it.
+        A :class:`StepCache`; ``handle.stats`` counts full and cached steps, ``handle.last_run()`` summarises
+        the last run. ``fastdiff.restore`` (or ``fastdiff.installed.undo_all``) on the same object removes it.
     """
     unet = getattr(pipe_or_unet, "unet", None)
     pipe = pipe_or_unet if unet is not None else None
