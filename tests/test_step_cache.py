@@ -599,3 +599,21 @@ def test_report_lists_the_installed_cache_and_its_last_run(fpipe):
     assert rep.to_dict()["step_cache"]["last_run"]["full_evals"] == 3
     fastdiff.restore(fpipe)
     assert fastdiff.report(fpipe).step_cache is None
+
+
+def test_pipeline_refine_never_replays_features_of_a_call_in_between(fpipe):
+    import fastdiff
+
+    latents = _rows_latents()
+    fastdiff.step_cache(fpipe, mode="uniform", interval=3)
+    kw = dict(num_inference_steps=9, guidance_scale=4.0, output_type="latent", height=32, width=32)
+    preview = fpipe(ROWS_PROMPTS, latents=latents, early_stop={**EARLY, "rtol": 0.1}, preview_steps=5, **kw)
+    stopped = preview.fastdiff.stopped_early
+    assert any(stopped) and not all(stopped), stopped  # the refine runs a subset of the rows
+    first = fpipe.refine(preview.fastdiff.state)
+    fpipe(["a yellow star"] * 3, latents=latents.flip(0), preview_steps=5, **kw)  # another paused call
+    second = fpipe.refine(preview.fastdiff.state)
+    assert _rel(second.images, first.images) < 1e-6
+    for out in (first, second):
+        run = out.fastdiff.step_cache
+        assert run.forced_refreshes == 0 and run.refresh_steps[0] == 0 and run.cached_evals > 0

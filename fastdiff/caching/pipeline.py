@@ -115,8 +115,9 @@ def finish_call(pipe, state=None) -> StepCacheRun | None:
     """End of a drop-in pipeline call: the cache's run summary, and the hook re-armed for the next call.
 
     ``state``: the paused run's :class:`~fastdiff.dynamic.tick.SampleState` of a ``preview_steps`` call (its
-    hook is bound to the rows still running, for ``pipe.refine``), or None when the run finished (the cache
-    then forgets the run, so the next call cannot replay its features whatever its timesteps).
+    hook is bound to the rows still running, for ``pipe.refine``), or None when the run finished. Either way
+    the cache forgets the run, so no later call can replay its features whatever its timesteps (a refine
+    starts with one full step: another call may have run in between).
     """
     cache = vars(pipe.unet).get(HANDLE_ATTR)
     if cache is None:
@@ -128,7 +129,6 @@ def finish_call(pipe, state=None) -> StepCacheRun | None:
             h.rearm()
         if state is not None and state.on_rows_retired is hook:
             state.on_rows_retired = hook.bound_to(state.live_rows)
-    if state is None:
-        cache.reset()
+    cache.reset()
     cache._first_batch = None
     return summary
