@@ -13,6 +13,9 @@ Parts (each one process, each under ~15 minutes; run them under the shared lock)
 * ``--part sd15``: a full-size SD1.5-architecture U-Net with random weights (:mod:`fastdiff.testing`):
   full and cached forward costs at 256² and 512² (guidance batch 2), interleaved in one process; the
   per-image U-Net time at 50/20/10 steps is *derived* from them and the evaluation counts.
+* ``--part sd15e2e --steps 50 --sizes 256 --interval 5``: the derived figure checked once, MEASURED: the
+  full-size U-Net's whole denoising loop for one image, uncached, fastdiff's equal-cost schedule row (its
+  refresh steps from the tiny part's JSON) and DeepCache at the same number of full evaluations.
 * ``--part compile``: ``torch._dynamo.explain`` graph-break counts on a tiny U-Net, full and cached path.
 * ``--merge``: combine the parts into ``results/step_cache.{json,md}``.
 
@@ -39,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
 
 from fastdiff import installed  # noqa: E402
-from fastdiff.caching import measure_profile, step_cache  # noqa: E402
+from fastdiff.caching import StepProfile, measure_profile, plan_refresh, step_cache  # noqa: E402
 
 GUIDANCE = 5.0
 REF_STEPS = 100
@@ -192,6 +195,14 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
         for i in intervals[1:]:
             m = math.ceil(steps / i)
             configs.append((f"fastdiff adaptive ~i={i} b=0", dict(mode="adaptive", threshold=signal_sum / m)))
+        for i in intervals:  # goal 1 "at the same speed-up": exactly DeepCache's number of full evaluations
+            n_dc = len(range(0, steps, i))
+            configs.append(
+                (
+                    f"fastdiff schedule {n_dc} full (= DeepCache i={i})",
+                    dict(mode="schedule", refresh=plan_refresh(profile, steps, n_dc)),
+                )
+            )
         configs.append(
             (f"fastdiff gate {gate} +uncond", dict(mode="off", gate_step=gate - 1, gate_uncond=True))
         )
@@ -205,7 +216,10 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
             h = step_cache(pipe, **opts)
             meter.reset()
             images, e2e = _generate(pipe, prompts, steps)
-            record(name, steps, images, e2e, base, {"notes": "; ".join(h.stats.notes)})
+            refresh = [r["step"] for r in h.stats.trace if r["full"]]
+            record(
+                name, steps, images, e2e, base, {"refresh_steps": refresh, "notes": "; ".join(h.stats.notes)}
+            )
             installed.undo_all(pipe)
 
         for i in intervals:
@@ -362,6 +376,7 @@ def dynamic_part(n_prompts: int, smoke: bool) -> dict:
             "psnr_vs_100_mean": round(float(p_ref.mean()), 2),
             "psnr_vs_100_min": round(float(p_ref.min()), 2),
             "psnr_vs_50_mean": round(float(p_50.mean()), 2),
+            "psnr_vs_50_min": round(float(p_50.min()), 2),  # extra information only (goal 3 is vs 100)
             "attr_all": round(acc["all"], 3),
             "e2e_s": round(secs, 2),
             "notes": "; ".join(h.stats.notes) if h else "",
@@ -462,6 +477,112 @@ def sd15_part(sizes: list[int], reps: int) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------------------------- sd15 e2e
+def _equal_cost_refresh(steps: int, n_full: int) -> tuple[list[int], str]:
+    """The refresh steps of the tiny part's equal-cost schedule row (its profile), else a fresh profile."""
+    path = _part_path(f"tiny{steps}")
+    if path.exists():
+        for r in json.loads(path.read_text())["rows"]:
+            if r.get("method", "").startswith(f"fastdiff schedule {n_full} full") and r.get("refresh_steps"):
+                return r["refresh_steps"], f"{path.name}, row {r['method']!r}"
+    profile, _ = _measure_profile(_tiny_pipe(), smoke=False)
+    return plan_refresh(profile, steps, n_full), "fresh fastdiff-tiny sensitivity profile"
+
+
+def sd15_e2e_part(px: int, steps: int, interval: int, smoke: bool = False) -> dict:
+    """Measured (not derived) U-Net denoising time per image on the full-size SD1.5 U-Net, one process."""
+    from DeepCache import DeepCacheSDHelper
+    from diffusers import DPMSolverMultistepScheduler
+
+    from fastdiff.testing import tiny_pipeline
+
+    pipe = tiny_pipeline("sd15", size="tiny" if smoke else "full")
+    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
+    unet = pipe.unet
+    meter = UNetMeter(unet)
+    lat = px // 8
+    gen = torch.Generator().manual_seed(0)
+    x_T = torch.randn(1, unet.config.in_channels, lat, lat, generator=gen)
+    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)  # [uncond; cond], one image
+    n_full = len(range(0, steps, interval))
+    refresh, source = (
+        (plan_refresh(StepProfile((0.0, 1.0), (1.0, 1.0)), steps, n_full), "a flat profile (smoke)")
+        if smoke
+        else _equal_cost_refresh(steps, n_full)
+    )
+
+    @torch.no_grad()
+    def denoise():
+        sch = pipe.scheduler
+        sch.set_timesteps(steps)
+        x = x_T * sch.init_noise_sigma
+        for t in sch.timesteps:
+            eps = unet(sch.scale_model_input(torch.cat([x, x]), t), t, encoder_hidden_states=ctx).sample
+            u, c = eps.chunk(2)
+            x = sch.step(u + GUIDANCE * (c - u), t, x).prev_sample
+        return x
+
+    with torch.no_grad():  # warm-up: one full forward (allocator, oneDNN primitive cache)
+        unet(torch.cat([x_T, x_T]), 999, encoder_hidden_states=ctx)
+    rows, base = [], None
+
+    def run(name, setup=None, teardown=None):
+        nonlocal base
+        if setup is not None:
+            setup()
+        meter.reset()
+        t0 = time.perf_counter()
+        try:
+            out = denoise()
+        finally:
+            secs = time.perf_counter() - t0
+            if teardown is not None:
+                teardown()
+        base = out if base is None else base
+        rel = float((out - base).norm() / base.norm())
+        row = {
+            "testbed": f"SD1.5 U-Net, random weights, {px} px",
+            "steps": steps,
+            "method": name,
+            "unet_calls": meter.calls,
+            "full_evals": meter.full,
+            "cached_evals": meter.calls - meter.full,
+            "unet_s_per_image": round(meter.seconds, 2),
+            "denoise_s_per_image": round(secs, 2),
+            "latent_rel_diff_vs_uncached": round(rel, 4),
+            "load": os.getloadavg()[0],
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    run("uncached")
+    handle = {}
+    run(
+        f"fastdiff schedule {n_full} full",
+        setup=lambda: handle.update(h=step_cache(pipe, mode="schedule", refresh=refresh)),
+        teardown=lambda: installed.undo_all(pipe),
+    )
+    helper = DeepCacheSDHelper(pipe=pipe)
+    helper.set_params(cache_interval=interval, cache_branch_id=0)
+    run(f"DeepCache i={interval} b=0", setup=helper.enable, teardown=helper.disable)
+    meter.remove()
+    unc = rows[0]["unet_s_per_image"]
+    for r in rows:
+        r["speedup_vs_uncached"] = round(unc / r["unet_s_per_image"], 2)
+    return {
+        "rows": rows,
+        "refresh_steps": refresh,
+        "setup": (
+            f"tiny_pipeline('sd15', size='full') U-Net (published SD1.5 configuration, random weights), fp32, "
+            f"eager, {px} px, one image with its guidance pair (batch 2), {steps} DPM-Solver++(2M) steps, "
+            f"guidance {GUIDANCE}; the three runs back to back in one process after one warm-up forward. "
+            f"MEASURED wall time of the whole denoising loop (unet_s = time inside U-Net calls). fastdiff's "
+            f"refresh steps {refresh} come from {source}; DeepCache interval {interval} spends the same "
+            f"{n_full} full evaluations. Random weights: the latent difference only shows the paths differ."
+        ),
+    }
+
+
 # ---------------------------------------------------------------------------------------------- compile
 def compile_part() -> dict:
     from fastdiff.testing import tiny_pipeline, unet_probe_inputs
@@ -544,7 +665,7 @@ def merge() -> None:
         )
         if part.get("setup"):
             md.append(part["setup"] + "\n")
-        rows = [{k: v for k, v in r.items() if k not in ("reasons",)} for r in part["rows"]]
+        rows = [{k: v for k, v in r.items() if k not in ("reasons", "refresh_steps")} for r in part["rows"]]
         md.append(markdown_table(rows) + "\n")
         for r in part["rows"]:
             if r.get("reasons"):
@@ -561,7 +682,8 @@ def merge() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["tiny", "dynamic", "sd15", "compile"])
+    ap.add_argument("--part", choices=["tiny", "dynamic", "sd15", "sd15e2e", "compile"])
+    ap.add_argument("--interval", type=int, default=5, help="sd15e2e: DeepCache interval to match")
     ap.add_argument("--steps", default="50", help="tiny part: comma-separated step counts")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--sizes", default="256,512")
@@ -583,6 +705,10 @@ def main() -> None:
         )
     elif args.part == "dynamic":
         res, name = dynamic_part(2 if args.small else args.prompts, args.small), "dynamic"
+    elif args.part == "sd15e2e":
+        px = int(args.sizes.split(",")[0])
+        steps = 10 if args.small else int(args.steps)
+        res, name = sd15_e2e_part(64 if args.small else px, steps, args.interval, args.small), "sd15e2e"
     elif args.part == "sd15":
         res, name = sd15_part([int(s) for s in args.sizes.split(",")], args.reps), "sd15"
     else:

@@ -469,3 +469,151 @@ def test_img2img_runs_start_mid_schedule(pipe):
     finally:
         installed.undo_all(i2i)
     assert torch.equal(run(), ref)
+
+
+# --------------------------------------------------------------------------- fastdiff's drop-in pipelines
+@pytest.fixture
+def fpipe(pipe):
+    import diffusers
+
+    import fastdiff
+
+    p = fastdiff.StableDiffusionPipeline.from_pipe(pipe)
+    p.scheduler = diffusers.DDIMScheduler.from_config(p.scheduler.config)  # one evaluation per step
+    p.set_progress_bar_config(disable=True)
+    yield p
+    fastdiff.restore(p)
+
+
+ROWS_PROMPTS = ["a red cat", "a blue square on a striped background", "a green circle"]
+EARLY = {"rtol": 0.2, "patience": 1, "min_steps": 2, "max_sigma": None}
+
+
+def _rows_latents():
+    lat = torch.randn(len(ROWS_PROMPTS), 4, 4, 4, generator=torch.Generator().manual_seed(7))
+    return lat * torch.tensor([1.0, 0.3, 3.0]).view(-1, 1, 1, 1)  # rows that settle at different steps
+
+
+def _early_call(p, prompts, latents, rtol=0.2):
+    return p(
+        prompts,
+        latents=latents,
+        num_inference_steps=9,
+        early_stop={**EARLY, "rtol": rtol},
+        guidance_scale=4.0,
+        output_type="latent",
+        height=32,
+        width=32,
+    )
+
+
+# (cache settings, EarlyStop rtol) where rows stop at different steps right before a cached step
+@pytest.mark.parametrize(
+    "opts, rtol",
+    [
+        (dict(mode="uniform", interval=3), 0.1),
+        (dict(mode="schedule", refresh=[0, 2, 6], gate_step=2, gate_uncond=True), 0.2),
+    ],
+    ids=["uniform", "schedule+gate_uncond"],
+)
+def test_pipeline_rows_stopping_at_different_steps_match_each_row_run_alone(fpipe, opts, rtol):
+    import fastdiff
+
+    latents = _rows_latents()
+    fastdiff.step_cache(fpipe, **opts)
+    batched = _early_call(fpipe, ROWS_PROMPTS, latents, rtol)
+    steps = batched.fastdiff.steps
+    assert len(set(steps)) > 1, steps  # rows really left the batch at different steps
+    run = batched.fastdiff.step_cache
+    assert run.forced_refreshes == 0 and run.cached_evals > 0  # rows followed, not refreshed in full
+    alone = [_early_call(fpipe, [p], latents[i : i + 1], rtol) for i, p in enumerate(ROWS_PROMPTS)]
+    for i, out in enumerate(alone):
+        assert out.fastdiff.steps == [steps[i]]
+        # fp32 batch-size rounding alone differs by ~1e-5 here (uncached as well)
+        assert _rel(batched.images[i : i + 1], out.images) < 1e-4, i
+    # Without the hook the cache cannot tell which rows left: it refreshes in full (never replays another
+    # row's features), and the rows that ran on then differ from their runs alone.
+    fpipe.fastdiff_on_rows_retired = None
+    unfollowed = _early_call(fpipe, ROWS_PROMPTS, latents, rtol)
+    assert unfollowed.fastdiff.step_cache.forced_refreshes > 0
+    assert max(_rel(unfollowed.images[i : i + 1], out.images) for i, out in enumerate(alone)) > 1e-2
+
+
+def test_pipeline_rows_hook_composes_with_the_users_and_restore_removes_it(fpipe):
+    import fastdiff
+    from fastdiff.caching.pipeline import RowsRetiredHook
+
+    events = []
+    mine = events.append
+    fpipe.fastdiff_on_rows_retired = mine
+    fastdiff.step_cache(fpipe, mode="uniform", interval=2)
+    assert isinstance(fpipe.fastdiff_on_rows_retired, RowsRetiredHook)
+    latents = _rows_latents()
+    out = _early_call(fpipe, ROWS_PROMPTS, latents, 0.1)
+    assert events and events[-1].tolist() == [] and out.fastdiff.step_cache.forced_refreshes == 0
+    fastdiff.restore(fpipe)
+    assert fpipe.fastdiff_on_rows_retired is mine
+    del fpipe.fastdiff_on_rows_retired
+    fastdiff.step_cache(fpipe, mode="uniform", interval=2)
+    fastdiff.restore(fpipe)
+    assert "fastdiff_on_rows_retired" not in vars(fpipe) and fpipe.fastdiff_on_rows_retired is None
+    assert not fpipe.unet._forward_pre_hooks and not installed.installations(fpipe)
+
+
+def test_pipeline_record_reports_the_calls_cache_run(fpipe):
+    import fastdiff
+
+    kw = dict(guidance_scale=4.0, output_type="latent", height=32, width=32)
+    plain = fpipe("a red cat", num_inference_steps=6, generator=torch.Generator().manual_seed(0), **kw)
+    assert plain.fastdiff.step_cache is None
+    h = fastdiff.step_cache(fpipe, mode="uniform", interval=3)
+    for extra in ({"num_inference_steps": 6}, {"steps": 6}):  # diffusers' own loop, then fastdiff's loop
+        out = fpipe("a red cat", generator=torch.Generator().manual_seed(0), **kw, **extra)
+        run = out.fastdiff.step_cache
+        assert run.full_evals + run.cached_evals == out.fastdiff.nfe == 6
+        assert run.mode == "uniform" and run.steps == 6
+        if "num_inference_steps" in extra:  # diffusers sets pipe.scheduler.timesteps: the last step is known
+            assert run.refresh_steps == (0, 3, 5) and run.full_evals == 3 and run.skipped_fraction == 0.5
+        else:  # fastdiff samples on a copy of the scheduler: only the first step is known to be full
+            assert run.refresh_steps[:2] == (0, 3) and run.cached_evals >= 3
+        assert [r["step"] for r in h.stats.trace if r["full"]] == list(run.refresh_steps)
+    fastdiff.restore(fpipe)
+    out = fpipe("a red cat", num_inference_steps=6, generator=torch.Generator().manual_seed(0), **kw)
+    assert out.fastdiff.step_cache is None
+
+
+def test_report_lists_the_installed_cache_and_its_last_run(fpipe):
+    import fastdiff
+
+    assert fastdiff.report(fpipe).step_cache is None and "[step_cache]" not in str(fastdiff.report(fpipe))
+    fastdiff.step_cache(fpipe, mode="uniform", interval=3)
+    text = str(fastdiff.report(fpipe))
+    assert "[step_cache] installed: StepCache(mode='uniform', interval=3" in text and "last run: none" in text
+    out = fpipe(
+        "a red cat", num_inference_steps=6, guidance_scale=4.0, output_type="latent", height=32, width=32
+    )
+    rep = fastdiff.report(fpipe)
+    assert rep.step_cache.last_run == out.fastdiff.step_cache
+    assert "last run: 3 full / 3 cached U-Net evaluations (50% skipped) over 6 steps" in str(rep)
+    assert "refresh steps [0, 3, 5]" in str(rep) and "1 runs, 6 U-Net calls, 3 full" in str(rep)
+    assert rep.to_dict()["step_cache"]["last_run"]["full_evals"] == 3
+    fastdiff.restore(fpipe)
+    assert fastdiff.report(fpipe).step_cache is None
+
+
+def test_pipeline_refine_never_replays_features_of_a_call_in_between(fpipe):
+    import fastdiff
+
+    latents = _rows_latents()
+    fastdiff.step_cache(fpipe, mode="uniform", interval=3)
+    kw = dict(num_inference_steps=9, guidance_scale=4.0, output_type="latent", height=32, width=32)
+    preview = fpipe(ROWS_PROMPTS, latents=latents, early_stop={**EARLY, "rtol": 0.1}, preview_steps=5, **kw)
+    stopped = preview.fastdiff.stopped_early
+    assert any(stopped) and not all(stopped), stopped  # the refine runs a subset of the rows
+    first = fpipe.refine(preview.fastdiff.state)
+    fpipe(["a yellow star"] * 3, latents=latents.flip(0), preview_steps=5, **kw)  # another paused call
+    second = fpipe.refine(preview.fastdiff.state)
+    assert _rel(second.images, first.images) < 1e-6
+    for out in (first, second):
+        run = out.fastdiff.step_cache
+        assert run.forced_refreshes == 0 and run.refresh_steps[0] == 0 and run.cached_evals > 0

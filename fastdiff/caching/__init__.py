@@ -2,10 +2,11 @@
 
 ``handle = fastdiff.step_cache(pipe, mode="uniform", interval=3, branch=0)`` (or ``"schedule"``,
 ``"adaptive"``, ``"off"``; ``gate_step=`` adds cross-attention gating). ``fastdiff.restore(pipe)`` removes it.
-See :mod:`fastdiff.caching.cache` for the design and :mod:`.policy` for the measured refresh schedule.
+See :mod:`fastdiff.caching.cache` for the design, :mod:`.policy` for the measured refresh schedule and
+:mod:`.pipeline` for fastdiff's drop-in pipelines (rows stopping early; ``output.fastdiff.step_cache``).
 """
 
-from fastdiff.caching.cache import MODES, StepCache, StepCacheStats, step_cache
+from fastdiff.caching.cache import MODES, StepCache, StepCacheRun, StepCacheStats, step_cache
 from fastdiff.caching.policy import StepProfile, plan_refresh
 from fastdiff.caching.profile import drift_profile, measure_profile
 
@@ -13,6 +14,7 @@ __all__ = [
     "MODES",
     "StepProfile",
     "StepCache",
+    "StepCacheRun",
     "StepCacheStats",
     "drift_profile",
     "measure_profile",

@@ -19,7 +19,7 @@ from fastdiff import installed
 from fastdiff.optimize.config import OptimizeConfig
 from fastdiff.optimize.context import PassContext
 from fastdiff.optimize.passes import default_passes
-from fastdiff.optimize.report import OptimizeReport, PassReport, Verification
+from fastdiff.optimize.report import OptimizeReport, PassReport, Verification, with_step_cache
 from fastdiff.testing.probe import unet_probe_inputs
 
 _TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 1e-2, torch.bfloat16: 4e-2}
@@ -187,13 +187,17 @@ def report(obj) -> OptimizeReport:
     """What :func:`optimize` did to ``obj``: per pass, changed and skipped modules and verification.
 
     Layers with measured dispatch plans (Winograd "auto") show their live
-    per-shape choices, which fill in as new shapes are seen.
+    per-shape choices, which fill in as new shapes are seen. An installed
+    step cache (``fastdiff.step_cache``) is listed with its last run's stats.
     """
     unet = _resolve_unet(obj, "report")
     state = getattr(unet, _STATE, None)
     if state is None:
-        return OptimizeReport(
-            passes=[PassReport("optimize", "not applied", reason="call fastdiff.optimize(obj) first")]
+        return with_step_cache(
+            OptimizeReport(
+                passes=[PassReport("optimize", "not applied", reason="call fastdiff.optimize(obj) first")]
+            ),
+            unet,
         )
     for rep in state.report.passes:
         for path, _ in rep.changed:
@@ -206,4 +210,4 @@ def report(obj) -> OptimizeReport:
                 plan = summary()
                 if plan:
                     rep.details.setdefault(path, {})["plan"] = plan
-    return state.report
+    return with_step_cache(state.report, unet)

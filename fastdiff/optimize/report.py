@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -62,12 +62,56 @@ class PassReport:
 
 
 @dataclass
+class StepCacheSection:
+    """The step cache installed on the U-Net (``fastdiff.step_cache``): its settings and what it last did."""
+
+    handle: str  # the handle's repr: mode, interval, branch, gate, enabled
+    last_run: object = None  # fastdiff.caching.StepCacheRun of the current/last run, None before one
+    totals: dict = field(default_factory=dict)  # counters since installation (StepCacheStats, no trace)
+
+    def lines(self) -> list[str]:
+        out = [f"[step_cache] installed: {self.handle}"]
+        out.append(f"  last run: {self.last_run}" if self.last_run is not None else "  last run: none yet")
+        if self.totals:
+            t = self.totals
+            out.append(
+                f"  since installed: {t['runs']} runs, {t['unet_calls']} U-Net calls, {t['full_calls']} full, "
+                f"{t['cached_calls']} cached ({t['skipped_fraction']:.0%} skipped), "
+                f"{t['forced_refreshes']} forced refreshes"
+            )
+        for note in getattr(self.last_run, "notes", ()):
+            out.append(f"  note: {note}")
+        return out
+
+    def to_dict(self) -> dict:
+        run = self.last_run
+        return {
+            "handle": self.handle,
+            "last_run": None if run is None else {**vars(run), "skipped_fraction": run.skipped_fraction},
+            "totals": dict(self.totals),
+        }
+
+
+def with_step_cache(report: OptimizeReport, unet) -> OptimizeReport:
+    """``report`` with a :class:`StepCacheSection` for the step cache on ``unet`` (a copy; None if none)."""
+    from fastdiff.caching.hooks import HANDLE_ATTR  # lazy: fastdiff.optimize does not need the cache
+
+    handle = vars(unet).get(HANDLE_ATTR)
+    section = None
+    if handle is not None:
+        totals = {k: v for k, v in handle.stats.as_dict().items() if k not in ("trace", "notes")}
+        section = StepCacheSection(repr(handle), handle.last_run(), totals)
+    return replace(report, step_cache=section)
+
+
+@dataclass
 class OptimizeReport:
     """Per-pass record: changed module paths, skipped ones with reasons, verification."""
 
     passes: list[PassReport] = field(default_factory=list)
     config: object = None
     verification: Verification | None = None  # of the final, fully optimised model
+    step_cache: StepCacheSection | None = None  # filled by fastdiff.report when a step cache is installed
 
     def __getitem__(self, name: str) -> PassReport:
         for p in self.passes:
@@ -93,6 +137,7 @@ class OptimizeReport:
                 for p in self.passes
             ],
             "verification": ver(self.verification),
+            "step_cache": None if self.step_cache is None else self.step_cache.to_dict(),
         }
 
     def __str__(self) -> str:
@@ -101,6 +146,8 @@ class OptimizeReport:
             out += p.lines()
         if self.verification is not None:
             out.append(f"final verification {self.verification}")
+        if self.step_cache is not None:
+            out += self.step_cache.lines()
         return "\n".join(out)
 
     __repr__ = __str__

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from fastdiff.caching.pipeline import finish_call
 from fastdiff.dynamic.draft import draft_and_refine
 from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.presets import default_scheduler
@@ -169,6 +170,7 @@ class FastdiffPipelineMixin:
             timings={"total": total},
             stopped_early=[False] * batch,
             nfe_per_sample=[counter.calls] * batch,
+            step_cache=finish_call(self),
         )
         return self._fastdiff_attach(output, record)
 
@@ -239,6 +241,7 @@ class FastdiffPipelineMixin:
         record.stopped_early = result.stopped_early
         record.notes = list(result.notes)
         record.trace = result.trace
+        record.step_cache = finish_call(self, result.state)  # also re-arms the cache's rows hook
         if any(record.notes):
             record.reason = record.reason + " | " + " | ".join(dict.fromkeys(n for n in record.notes if n))
         record.state = None

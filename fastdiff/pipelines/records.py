@@ -5,11 +5,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from fastdiff.dynamic.records import StepRecord, trace_table
 from fastdiff.dynamic.tick import SampleState
+
+if TYPE_CHECKING:
+    from fastdiff.caching.stats import StepCacheRun
 
 __all__ = ["FastdiffRecord", "Producer", "RefineState"]
 
@@ -24,6 +28,8 @@ class FastdiffRecord:
     timings: seconds for "prepare" (prompt encoding etc.), "draft", "denoise", "decode", "total".
     state: for ``preview_steps``, the resumable state to pass to ``pipe.refine``.
     trace: the sampling loop's per-step records (see :meth:`trace_table`).
+    step_cache: with a step cache installed (``fastdiff.step_cache(pipe)``), what it did in this call's run:
+        full / cached evaluations, skipped fraction, mode, refresh steps; None without one.
     """
 
     mode: str
@@ -37,6 +43,7 @@ class FastdiffRecord:
     notes: list[str] = field(default_factory=list)
     state: RefineState | None = None
     trace: list[StepRecord] = field(default_factory=list, repr=False)
+    step_cache: StepCacheRun | None = None
 
     def trace_table(self) -> dict[str, torch.Tensor]:
         """Per-step, per-image ``t``, ``sigma``, ``x0_change``, ``active`` and ``nfe`` as tensors."""
