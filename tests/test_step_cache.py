@@ -502,8 +502,8 @@ def _early_call(p, prompts, latents, rtol=0.2):
         early_stop={**EARLY, "rtol": rtol},
         guidance_scale=4.0,
         output_type="latent",
-        height=32,
-        width=32,
+        height=8,
+        width=8,
     )
 
 
@@ -564,18 +564,19 @@ def test_pipeline_record_reports_the_calls_cache_run(fpipe):
     import fastdiff
 
     kw = dict(guidance_scale=4.0, output_type="latent", height=32, width=32)
-    plain = fpipe("a red cat", num_inference_steps=6, generator=torch.Generator().manual_seed(0), **kw)
+    plain = fpipe("a red cat", num_inference_steps=4, generator=torch.Generator().manual_seed(0), **kw)
     assert plain.fastdiff.step_cache is None
     h = fastdiff.step_cache(fpipe, mode="uniform", interval=3)
-    for extra in ({"num_inference_steps": 6}, {"steps": 6}):  # diffusers' own loop, then fastdiff's loop
+    for extra in ({"steps": 6}, {"num_inference_steps": 6}):  # fastdiff's loop first, then diffusers' own
         out = fpipe("a red cat", generator=torch.Generator().manual_seed(0), **kw, **extra)
         run = out.fastdiff.step_cache
         assert run.full_evals + run.cached_evals == out.fastdiff.nfe == 6
         assert run.mode == "uniform" and run.steps == 6
-        if "num_inference_steps" in extra:  # diffusers sets pipe.scheduler.timesteps: the last step is known
-            assert run.refresh_steps == (0, 3, 5) and run.full_evals == 3 and run.skipped_fraction == 0.5
-        else:  # fastdiff samples on a copy of the scheduler: only the first step is known to be full
-            assert run.refresh_steps[:2] == (0, 3) and run.cached_evals >= 3
+        # diffusers' loop sets pipe.scheduler.timesteps; fastdiff's loop samples on a copy of the scheduler
+        # and tells the cache the run's timesteps (begin_call): either way the last step is known and full
+        assert run.refresh_steps == (0, 3, 5) and run.full_evals == 3 and run.skipped_fraction == 0.5
+        assert not run.notes, run.notes
+        assert h._schedule_override is None  # the call's schedule is forgotten when the call ends
         assert [r["step"] for r in h.stats.trace if r["full"]] == list(run.refresh_steps)
     fastdiff.restore(fpipe)
     out = fpipe("a red cat", num_inference_steps=6, generator=torch.Generator().manual_seed(0), **kw)
@@ -606,7 +607,7 @@ def test_pipeline_refine_never_replays_features_of_a_call_in_between(fpipe):
 
     latents = _rows_latents()
     fastdiff.step_cache(fpipe, mode="uniform", interval=3)
-    kw = dict(num_inference_steps=9, guidance_scale=4.0, output_type="latent", height=32, width=32)
+    kw = dict(num_inference_steps=9, guidance_scale=4.0, output_type="latent", height=8, width=8)
     preview = fpipe(ROWS_PROMPTS, latents=latents, early_stop={**EARLY, "rtol": 0.1}, preview_steps=5, **kw)
     stopped = preview.fastdiff.stopped_early
     assert any(stopped) and not all(stopped), stopped  # the refine runs a subset of the rows

@@ -28,7 +28,7 @@ from fastdiff import installed
 from fastdiff.caching.hooks import HANDLE_ATTR
 from fastdiff.caching.stats import StepCacheRun
 
-__all__ = ["RowsRetiredHook", "finish_call", "install_rows_hook"]
+__all__ = ["RowsRetiredHook", "begin_call", "finish_call", "install_rows_hook"]
 
 HOOK_ATTR = "fastdiff_on_rows_retired"  # FastdiffPipelineMixin's integration point
 
@@ -111,6 +111,19 @@ def install_rows_hook(pipe, cache) -> RowsRetiredHook:
     return hook
 
 
+def begin_call(pipe, timesteps) -> None:
+    """Start of a drop-in pipeline call whose rows share one schedule: tell the cache its timesteps.
+
+    fastdiff samples on a copy of ``pipe.scheduler``, so without this the cache cannot see where the run
+    ends (the last step would not be forced full and a profile schedule would fall back to uniform).
+    :func:`finish_call` forgets the schedule again.
+    """
+    cache = vars(pipe.unet).get(HANDLE_ATTR)
+    if cache is not None:
+        cache.set_schedule(timesteps)
+        cache._call_schedule = True
+
+
 def finish_call(pipe, state=None) -> StepCacheRun | None:
     """End of a drop-in pipeline call: the cache's run summary, and the hook re-armed for the next call.
 
@@ -131,4 +144,6 @@ def finish_call(pipe, state=None) -> StepCacheRun | None:
             state.on_rows_retired = hook.bound_to(state.live_rows)
     cache.reset()
     cache._first_batch = None
+    if getattr(cache, "_call_schedule", False):  # set by begin_call for this call only
+        cache._schedule_override, cache._call_schedule = None, False
     return summary

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from fastdiff.caching.pipeline import finish_call
+from fastdiff.caching.pipeline import begin_call, finish_call
 from fastdiff.dynamic.draft import draft_and_refine
 from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.presets import default_scheduler
@@ -209,14 +209,20 @@ class FastdiffPipelineMixin:
                 )
                 timings["draft"] = draft.seconds + result.draft.seconds
             else:
-                result = sample(
-                    main.model_fn,
-                    main.latents,
-                    scheduler=main.scheduler,
-                    num_inference_steps=plan.planner,
-                    start_step=0 if plan.planner is not None else main.start_step,
-                    **options,
-                )
+                if plan.planner is None:  # one schedule for every row: the step cache can see where it ends
+                    begin_call(self, main.scheduler.timesteps[main.start_step :])
+                try:
+                    result = sample(
+                        main.model_fn,
+                        main.latents,
+                        scheduler=main.scheduler,
+                        num_inference_steps=plan.planner,
+                        start_step=0 if plan.planner is not None else main.start_step,
+                        **options,
+                    )
+                except BaseException:
+                    finish_call(self)  # a step cache forgets the failed run's features and schedule
+                    raise
         timings["denoise"] = time.perf_counter() - t0 - timings.get("draft", 0.0)
         record = FastdiffRecord(
             mode="fastdiff", nfe=0, steps=[], num_steps=[], reason=plan.reason, timings=timings
