@@ -15,7 +15,9 @@ STAGES = ("env", "correct", "conv", "groupnorm", "fused", "attention", "unet", "
 def test_dry_run_passes_every_stage(tmp_path):
     """About a minute on two cores (two torch.compile traces of a tiny U-Net): the price of never wasting
     a GPU run on a typo."""
-    env = {**os.environ, "OUT": str(tmp_path)}
+    # the script runs `python`: make it this interpreter even when the venv is not activated
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": path}
     env.pop("TRITON_INTERPRET", None)  # the script sets what it needs
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
