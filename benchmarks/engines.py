@@ -245,6 +245,8 @@ def cpu_suite(args):
     from _common import RESULTS_DIR
     from engines_cpu import ROWS, header, run_rows
 
+    from fastdiff.engines.cpu import has_bf16, has_vnni
+
     args.rows = args.rows.split(",")
     unknown = set(args.rows) - set(ROWS)
     if unknown:
@@ -290,7 +292,17 @@ def cpu_suite(args):
         "- vs_eager: median of round-robin repetitions in one process (each run times its rows against its own "
         "eager row). peak_rss_gb: process peak while the row was built and judged (it includes the U-Net and "
         "everything built before it in that run).\n"
-        "- CPU flags that matter here: " + ", ".join(meta["cpu_engine_flags"])
+        "- CPU flags that matter here: "
+        + ", ".join(meta["cpu_engine_flags"])
+        + (
+            ". AVX2-only: no VNNI (int8 dot products saturate) and no AVX512-BF16/AMX (bf16 emulated); "
+            "the issue's figures came from an AVX-512/VNNI/BF16 machine."
+            if not has_vnni() and not has_bf16()
+            else ""
+        )
+        + "\n- build_s: compile_engine's wall time (export, quantisation, OpenVINO/ORT build and its quality "
+        "check on the held-back records); first_call_s: the first step after it (per-shape compile). Each row "
+        "of a run after 2026-12-03 13:00 UTC ran in its own process (peak_rss_gb is that row's)."
     )
     paths = write_results(name, prior + new, meta, cols, notes=notes)
     print("wrote", *paths)
