@@ -94,7 +94,7 @@ def goals(not_run: dict) -> list[dict]:
             ),
         }
     )
-    mem = _load("engines-cpu-memory") or []
+    mem = (_load("engines-cpu-memory") or {}).get("rows", [])
     stages = [m for m in mem if m.get("records") == 32 and m.get("side_px") == 512 and "peak_rss_gb" in m]
     out.append(
         {

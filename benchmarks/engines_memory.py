@@ -14,9 +14,9 @@ second run does): weights fingerprint, cache lookup and checksum, reading the mo
 for the first input shape (OpenVINO's blob cache), first inference excluded.
 
     flock /tmp/fastdiff-heavy.lock python benchmarks/engines_memory.py stage --side 512 --records 32 \\
-        --model-xml /tmp/w/cache/<key>/engine.xml --out benchmarks/results/engines-cpu-memory.json
+        --model-xml /tmp/w/cache/<key>/engine.xml
     flock /tmp/fastdiff-heavy.lock python benchmarks/engines_memory.py rebuild --side 512 --precision int8 \\
-        --records-dir /tmp/w/records --cache-dir /tmp/w/cache --out ...
+        --records-dir /tmp/w/records --cache-dir /tmp/w/cache
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, env_info, write_results  # noqa: E402
 from engines_cpu import PeakRSS, _rss  # noqa: E402
 
 from fastdiff.engines.cpu import cpu_model, engine_flags  # noqa: E402
@@ -53,7 +54,7 @@ def stage(args) -> dict:
     folder = Path(args.workdir) / f"synthetic-{args.side}-{args.records}"
     if not folder.is_dir():  # in a child process: the U-Net it needs must not count in this one's memory
         cmd = [sys.executable, __file__, "records", "--side", str(args.side), "--records", str(args.records)]
-        subprocess.run([*cmd, "--workdir", args.workdir, "--out", "-"], check=True)
+        subprocess.run([*cmd, "--workdir", args.workdir], check=True)
     records = CalibrationData.load(folder)  # a folder: records stay on disk, read one at a time
     log = Path(args.log)
     t0 = time.perf_counter()
@@ -151,7 +152,7 @@ def main(argv=None):
     p.add_argument("--precision", default="int8")
     p.add_argument("--max-records", type=int, default=32)
     p.add_argument("--quality-records", type=int, default=2)
-    p.add_argument("--out", required=True, help="results JSON; each run is appended")
+    p.add_argument("--name", default="engines-cpu-memory", help="results name; each run is appended")
     args = p.parse_args(argv)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     torch.set_grad_enabled(False)
@@ -165,9 +166,32 @@ def main(argv=None):
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )
     print(json.dumps(row, indent=1), flush=True)
-    out = Path(args.out)
-    data = json.loads(out.read_text()) if out.is_file() else []
-    out.write_text(json.dumps([*data, row], indent=1))
+    out = RESULTS_DIR / f"{args.name}.json"
+    prior = json.loads(out.read_text())["rows"] if out.is_file() else []
+    meta = env_info()
+    meta["cpu_engine_flags"] = engine_flags()
+    notes = (
+        "- stage: NNCF calibration + quantisation alone, in its own process (the fp32 model read from an "
+        "existing engine.xml, records streamed from disk, int8 model written); peak_rss_gb is that process's "
+        "peak, rss_model_loaded_gb its RSS once the model was read. rebuild: compile_engine on a filled cache "
+        "in a fresh process (weights fingerprint, lookup and checksums, reading the model), then the first "
+        "step (per-shape compile from OpenVINO's blob cache)."
+    )
+    cols = [
+        "what",
+        "side_px",
+        "records",
+        "smooth_quant",
+        "precision",
+        "seconds",
+        "compile_engine_s",
+        "through_first_step_s",
+        "rss_model_loaded_gb",
+        "peak_rss_gb",
+        "load_1min",
+        "date",
+    ]
+    write_results(out.stem, [*prior, row], meta, cols, notes=notes)
 
 
 if __name__ == "__main__":
