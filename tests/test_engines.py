@@ -666,3 +666,27 @@ def test_damaged_calibration_file_names_its_path(calib, tmp_path, damage):
             CalibrationData.load(path, lazy=lazy)
     with pytest.raises(FileNotFoundError, match="missing.safetensors"):
         CalibrationData.load(tmp_path / "missing.safetensors")
+
+
+def test_cache_is_found_again_by_another_process(tmp_path):
+    """Regression: the key held diffusers' ``_use_default_values``, a list in set order, which changes with
+    Python's hash seed, so a second process never found the first one's engine."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from fastdiff.engines import compile_engine; from fastdiff.testing import tiny_pipeline; "
+        "unet = tiny_pipeline('sd15', size='tiny', seed=0).unet; "
+        "assert len(unet.config.get('_use_default_values', [])) > 1; "
+        f"e = compile_engine(unet, precision='fp32', cache_dir={str(tmp_path)!r}); print('HIT', e.cache_hit)"
+    )
+    hits = []
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        hits.append(out.stdout.strip().splitlines()[-1])
+    assert hits == ["HIT False", "HIT True"]

@@ -17,7 +17,7 @@ import torch
 from . import export as _export
 from . import quantization as _quantize
 from .build import ARTIFACT, QUANTISED, BuildSpec, build
-from .cache import EngineCache, library_versions, make_key, weights_fingerprint
+from .cache import EngineCache, config_for_key, library_versions, make_key, weights_fingerprint
 from .calibration import CalibrationData, synthetic_inputs
 from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
 from .module import EngineUNet
@@ -161,7 +161,7 @@ def compile_engine(
 
     parts = {
         "weights": weights_fingerprint(unet),
-        "config": dict(unet.config),
+        "config": config_for_key(unet.config),
         "backend": backend,
         "precision": precision,
         "opset": export.opset,
