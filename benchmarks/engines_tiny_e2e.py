@@ -175,7 +175,9 @@ def main(argv=None):
         "against the eager fp32 image of the same prompt and seed (worst = the worst image).",
         f"- int8: calibrated on {args.calib_prompts} training prompts x {args.calib_steps} steps recorded with the "
         "same scheduler (every 4th record held back for the SNR column, at most 64 calibrate).",
-        f"- CPU flags that matter here: {', '.join(engine_flags())}; load {meta['load_1min']} (1 min) at the end.",
+        f"- CPU flags that matter here: {', '.join(engine_flags())}; load {meta['load_1min']} (1 min) at the end. "
+        "seconds: generating all images (an engine's per-shape compile on its first batch included; the "
+        "machine is shared, so compare ratios only); build_s: compile_engine (calibration recording excluded).",
     ]
     if "old_settings_32" in diagnostic:
         old, pndm = diagnostic["old_settings_32"], diagnostic["pndm10_144"]
