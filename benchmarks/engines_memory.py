@@ -89,6 +89,25 @@ def stage(args) -> dict:
     }
 
 
+def from_log(args) -> dict:
+    """A stage run cut short by its time slot: the peak so far from its ``--log`` lines (a lower bound)."""
+    lines = [ln.split() for ln in Path(args.log).read_text().splitlines() if ln.startswith("stage ")]
+    samples = [(float(t.split("=")[1][:-1]), float(p.split("=")[1])) for _, t, p in lines]
+    first_max = next(t for t, p in samples if p == max(q for _, q in samples))
+    return {
+        "what": "calibration + quantisation stage (NNCF) alone, cut by its time slot before finishing",
+        "side_px": args.side,
+        "records": args.records,
+        "smooth_quant": not args.no_smooth_quant,
+        "finished": False,
+        "seconds": samples[-1][0],
+        "peak_rss_gb": max(p for _, p in samples),
+        "peak_reached_at_s": first_max,
+        "record_kind": "synthetic_inputs (random latents and text embeddings over the timestep range), "
+        "streamed from disk",
+    }
+
+
 def write_records(args) -> None:
     from fastdiff.engines.calibration import synthetic_inputs
     from fastdiff.engines.records import RecordSpill
@@ -140,7 +159,7 @@ def rebuild(args) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["stage", "rebuild", "records"])
+    p.add_argument("what", choices=["stage", "rebuild", "records", "from-log"])
     p.add_argument("--side", type=int, default=512)
     p.add_argument("--records", type=int, default=32, help="stage: records that calibrate")
     p.add_argument("--model-xml", help="stage: an fp32 engine.xml from the OpenVINO engine cache")
@@ -158,7 +177,7 @@ def main(argv=None):
     torch.set_grad_enabled(False)
     if args.what == "records":
         return write_records(args)
-    row = stage(args) if args.what == "stage" else rebuild(args)
+    row = {"stage": stage, "rebuild": rebuild, "from-log": from_log}[args.what](args)
     row.update(
         cpu=cpu_model(),
         cpu_engine_flags=engine_flags(),
@@ -188,6 +207,8 @@ def main(argv=None):
         "through_first_step_s",
         "rss_model_loaded_gb",
         "peak_rss_gb",
+        "peak_reached_at_s",
+        "finished",
         "load_1min",
         "date",
     ]
