@@ -6,7 +6,8 @@ alike). Quality of every engine is measured on held-back recorded U-Net inputs
 
     nice -n 10 python benchmarks/engines.py --model sd15-half
     nice -n 10 python benchmarks/engines.py --model sd15-full --reps 3 --calib-prompts 2 --steps 6
-    nice -n 10 python benchmarks/engines.py --model tiny --e2e    # trained tiny model, when its weights exist
+
+End to end on fastdiff-tiny (attribute accuracy on 144 held-out images): ``benchmarks/engines_tiny_e2e.py``.
 
 Models: ``sd15-full`` is the published SD1.5 U-Net configuration with random weights at
 256x256 (32x32 latents); ``sd15-half`` halves every channel count (same depth and layout);
@@ -31,15 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import env_info, write_results  # noqa: E402
 
-from fastdiff.engines import (  # noqa: E402
-    OrtRunner,
-    calibrate,
-    export_onnx,
-    layer_sensitivity,
-    qdq_summary,
-    quantize,
-)
-from fastdiff.engines.compile import measure_quality  # noqa: E402
+from fastdiff.engines import calibrate, export_onnx, layer_sensitivity, quantize  # noqa: E402
+from fastdiff.engines.quality import measure_quality  # noqa: E402
+from fastdiff.engines.quantization import qdq_summary  # noqa: E402
+from fastdiff.engines.runtime_ort import OrtRunner  # noqa: E402
 
 WORDS = "a red blue green yellow cat dog bird car tree house boat small big photo of on the in".split()
 
@@ -109,9 +105,6 @@ def main(argv=None):
     p.add_argument("--guidance", type=float, default=7.5)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sensitivity", action="store_true", help="also run the per-category sensitivity sweep")
-    p.add_argument("--e2e", action="store_true", help="end-to-end pipeline time and attribute accuracy")
-    p.add_argument("--e2e-prompts", type=int, default=32)
-    p.add_argument("--e2e-levels", default="conv+ffn+qkv", help="int8 levels for the end-to-end comparison")
     p.add_argument("--name", default=None, help="results file name (default engines-<model>)")
     p.add_argument("--workdir", default=None)
     p.add_argument(
@@ -228,28 +221,6 @@ def main(argv=None):
             + ", ".join(f"{s['group']} {s['snr_db']:.1f} dB ({s['num_nodes']})" for s in sens)
         )
         log(json.dumps(sens, indent=1))
-    if args.e2e:
-        e2e = _end_to_end(pipe, calib, args, work)
-        extra["e2e"] = e2e
-        write_results(
-            f"{args.name or 'engines-' + args.model}-e2e",
-            e2e,
-            None,
-            [
-                "variant",
-                "seconds",
-                "speedup",
-                "snr_db",
-                "psnr_vs_torch",
-                "shape_colour",
-                "bg_colour",
-                "shape",
-                "all",
-                "n",
-            ],
-            notes=f"- {args.e2e_prompts} held-out prompts, fixed seeds, "
-            "the tiny model's reference settings (10 steps, guidance 5). Attribute accuracy from fastdiff.metrics.score.",
-        )
     meta = env_info()
     meta.update({"model": args.model, "calibration_s": round(calib_s, 1), **extra})
     name = args.name or f"engines-{args.model}"
@@ -273,6 +244,8 @@ def cpu_suite(args):
 
     from _common import RESULTS_DIR
     from engines_cpu import ROWS, header, run_rows
+
+    from fastdiff.engines.cpu import has_bf16, has_vnni
 
     args.rows = args.rows.split(",")
     unknown = set(args.rows) - set(ROWS)
@@ -306,7 +279,10 @@ def cpu_suite(args):
         "snr_db",
         "snr_db_min",
         "build_s",
+        "first_call_s",
+        "cache_hit",
         "peak_rss_gb",
+        "quantize_peak_rss_gb",
         "load_1min",
     ]
     notes = (
@@ -316,7 +292,17 @@ def cpu_suite(args):
         "- vs_eager: median of round-robin repetitions in one process (each run times its rows against its own "
         "eager row). peak_rss_gb: process peak while the row was built and judged (it includes the U-Net and "
         "everything built before it in that run).\n"
-        "- CPU flags that matter here: " + ", ".join(meta["cpu_engine_flags"])
+        "- CPU flags that matter here: "
+        + ", ".join(meta["cpu_engine_flags"])
+        + (
+            ". AVX2-only: no VNNI (int8 dot products saturate) and no AVX512-BF16/AMX (bf16 emulated); "
+            "the issue's figures came from an AVX-512/VNNI/BF16 machine."
+            if not has_vnni() and not has_bf16()
+            else ""
+        )
+        + "\n- build_s: compile_engine's wall time (export, quantisation, OpenVINO/ORT build and its quality "
+        "check on the held-back records); first_call_s: the first step after it (per-shape compile). Each row "
+        "of a run after 2026-12-03 13:00 UTC ran in its own process (peak_rss_gb is that row's)."
     )
     paths = write_results(name, prior + new, meta, cols, notes=notes)
     print("wrote", *paths)
@@ -335,57 +321,6 @@ def _eager(unet, record):
         added_cond_kwargs=added,
         return_dict=False,
     )[0]
-
-
-def _end_to_end(pipe, calib, args, work: Path) -> list[dict]:
-    """Pipeline wall time and prompt-attribute accuracy: PyTorch vs ORT fp32 vs ORT int8 (tiny model).
-
-    Uses the public path: ``compile_engine`` installs each engine into the pipeline.
-    Prompts are the tiny model's held-out attribute combinations (calibration used train prompts).
-    """
-    from fastdiff.engines import GateConfig, QuantConfig, compile_engine
-    from fastdiff.metrics import psnr, score
-    from fastdiff.tiny.data import list_prompts
-    from fastdiff.tiny.load import REFERENCE_SETTINGS
-
-    prompts, attrs = zip(*list_prompts("heldout")[: args.e2e_prompts])
-    settings = REFERENCE_SETTINGS["base"]
-    original = pipe.unet
-
-    def generate():
-        images = []
-        t0 = time.perf_counter()
-        for i in range(0, len(prompts), 8):
-            gen = torch.Generator().manual_seed(i)
-            out = pipe(list(prompts[i : i + 8]), generator=gen, output_type="pt", **settings)
-            images.append(out.images)
-        return torch.cat(images), time.perf_counter() - t0
-
-    rows = []
-    ref_images, ref_s = generate()
-    rows.append({"variant": "torch-eager-fp32", "seconds": ref_s, **score(ref_images, attrs)})
-    for precision, level in (("fp32", None), *(("int8", lv) for lv in args.e2e_levels.split(","))):
-        kwargs = {} if precision == "fp32" else {"calibration": calib, "quant": QuantConfig(level=level)}
-        engine = compile_engine(
-            pipe, precision=precision, cache_dir=work / "cache", gate=GateConfig(min_snr_db=None), **kwargs
-        )
-        images, secs = generate()
-        pipe.unet = original
-        name = f"ort-{precision}" + (f" {level}" if level else "")
-        rows.append(
-            {
-                "variant": name,
-                "seconds": secs,
-                "snr_db": round(engine.quality["snr_db"], 2),
-                "psnr_vs_torch": float(psnr(images, ref_images)),
-                **score(images, attrs),
-            }
-        )
-    base = rows[0]["seconds"]
-    for r in rows:
-        r["speedup"] = round(base / r["seconds"], 2)
-        r["seconds"] = round(r["seconds"], 1)
-    return rows
 
 
 if __name__ == "__main__":

@@ -16,63 +16,43 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from diffusers import DDIMScheduler  # noqa: E402
+import engines_fixtures  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import fastdiff  # noqa: E402
 from fastdiff._compat import is_available  # noqa: E402
-from fastdiff.engines import (  # noqa: E402  # noqa: E402
+from fastdiff.engines import (  # noqa: E402
     CalibrationData,
     EngineUNet,
     GateConfig,
-    OrtRunner,
     QualityGateError,
     QuantConfig,
     calibrate,
-    classify_nodes,
     compile_engine,
-    cosine_similarity,
     export_onnx,
-    qdq_summary,
     quantize,
-    select_nodes,
-    snr_db,
-    tensorrt_profile_shapes,
-    unet_signature,
 )
 from fastdiff.engines import export as export_mod  # noqa: E402
-from fastdiff.engines.quantization import quantised_node_names  # noqa: E402
+from fastdiff.engines.quality import cosine_similarity, snr_db  # noqa: E402
+from fastdiff.engines.quantization import (  # noqa: E402
+    classify_nodes,
+    qdq_summary,
+    quantised_node_names,
+    select_nodes,
+)
+from fastdiff.engines.runtime_ort import OrtRunner  # noqa: E402
+from fastdiff.engines.runtime_trt import profile_shapes as tensorrt_profile_shapes  # noqa: E402
 from fastdiff.testing import tiny_pipeline  # noqa: E402
+from fastdiff.unet_inputs import unet_signature  # noqa: E402
 
-STEPS = 3
-PROMPTS = ["a red cat", "a blue dog", "a green circle", "a yellow square"]
+# Shared with the other engine test module (pytest registers fixtures found in the module namespace).
+pipe, calib = engines_fixtures.pipe, engines_fixtures.calib
+PROMPTS, STEPS, _eager = engines_fixtures.PROMPTS, engines_fixtures.STEPS, engines_fixtures.eager
 
 
 def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
-
-
-def _eager(unet, inputs):
-    added = None
-    if "text_embeds" in inputs:
-        added = {"text_embeds": inputs["text_embeds"], "time_ids": inputs["time_ids"]}
-    with torch.no_grad():
-        return unet(
-            inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], added_cond_kwargs=added
-        ).sample
-
-
-@pytest.fixture(scope="module")
-def pipe():
-    p = tiny_pipeline("sd15", size="tiny", seed=0)
-    p.scheduler = DDIMScheduler.from_config(p.scheduler.config)
-    return p
-
-
-@pytest.fixture(scope="module")
-def calib(pipe):
-    return calibrate(pipe, PROMPTS, num_inference_steps=STEPS, guidance_scale=7.5)
 
 
 @pytest.fixture(scope="module")
@@ -379,7 +359,7 @@ def test_corrupt_cache_entry_is_rebuilt(pipe, cache_copy, count_exports):
 
 
 def test_stale_or_incomplete_cache_entry_is_rejected(pipe, cache_copy, count_exports):
-    from fastdiff.engines import EngineCache
+    from fastdiff.engines.cache import EngineCache
 
     (entry,) = [p for p in cache_copy.iterdir() if p.is_dir()]
     meta_path = entry / "meta.json"
@@ -399,7 +379,7 @@ def test_stale_or_incomplete_cache_entry_is_rejected(pipe, cache_copy, count_exp
 
 
 def test_cache_root_env(monkeypatch, tmp_path):
-    from fastdiff.engines import cache_root
+    from fastdiff.engines.cache import cache_root
 
     monkeypatch.setenv("FASTDIFF_CACHE_DIR", str(tmp_path))
     assert cache_root() == tmp_path / "engines"
@@ -507,7 +487,7 @@ def test_snr_and_cosine():
 def test_tensorrt_guard(pipe):
     with pytest.raises(ImportError, match=r"pip install 'fastdiff\[tensorrt\]'"):
         compile_engine(pipe, backend="tensorrt", precision="fp16")
-    from fastdiff.engines import build_tensorrt_engine
+    from fastdiff.engines.runtime_trt import build_engine as build_tensorrt_engine
 
     with pytest.raises(ImportError, match="tensorrt"):
         build_tensorrt_engine("unet.onnx", "unet.plan", {})
@@ -599,7 +579,7 @@ def test_minmax_ranges_cover_every_record_in_any_order(onnx_path, calib, tmp_pat
 
 def test_tensorrt_cfg_follows_the_records_and_the_unet(pipe, calib):
     """Batch-1 pipelines (guidance <= 1, LCM) get a profile that starts at batch 1."""
-    from fastdiff.engines.compile import uses_cfg
+    from fastdiff.engines.runtime_trt import uses_cfg
 
     sig = unet_signature(pipe.unet)
     assert uses_cfg(calib, sig) is True  # recorded with guidance 7.5
@@ -636,3 +616,77 @@ def test_configs_normalise_and_old_keywords_are_gone(pipe):
     assert ExportConfig(dynamic="batch").dynamic == ("batch",)
     with pytest.raises(TypeError, match="min_snr_db"):
         compile_engine(pipe, min_snr_db=10)  # settings live in GateConfig / QuantConfig / ...
+
+
+@pytest.mark.parametrize("threads", [-1, 0, 2.0, "2", True])
+def test_bad_thread_counts_fail_before_any_work(pipe, threads, count_exports, monkeypatch):
+    """#16: a bad thread count is refused naming ``threads`` and what is valid, before export or build."""
+    from fastdiff.engines import RuntimeConfig
+    from fastdiff.engines.runtime_ov import OvRunner
+
+    with pytest.raises(ValueError, match=r"threads must be a positive int .* got"):
+        RuntimeConfig(threads=threads)
+    # Runners constructed directly check it too (the model path is never opened).
+    for runner in (OrtRunner, OvRunner):
+        with pytest.raises(ValueError, match="threads"):
+            runner("/nonexistent/engine", threads=threads)
+    # compile_engine takes thread counts only through RuntimeConfig; a stray keyword names itself.
+    with pytest.raises(TypeError, match="threads"):
+        compile_engine(pipe, threads=threads)
+    with pytest.raises(TypeError, match="runtime must be a fastdiff.engines.RuntimeConfig"):
+        compile_engine(pipe, runtime={"threads": threads})
+    assert count_exports == []
+    assert RuntimeConfig(threads=1).threads == 1 and RuntimeConfig().threads is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-safetensors", "truncated-record"])
+def test_damaged_calibration_file_names_its_path(calib, tmp_path, damage):
+    """#16: a truncated or foreign calibration file raises ValueError naming the file, not SafetensorError."""
+    if damage == "truncated-record":  # one record of a calibrate(save_to=...) folder, read lazily
+        folder = tmp_path / "records"
+        folder.mkdir()
+        from fastdiff.engines.records import RecordSpill
+
+        spill = RecordSpill(folder)
+        for r in calib.subset(2):
+            spill.append(r)
+        bad = sorted(folder.glob("*.safetensors"))[1]
+        bad.write_bytes(bad.read_bytes()[:-64])
+        data = CalibrationData.load(folder)
+        assert len(data) == 2 and data.records[0]["sample"].shape == calib.records[0]["sample"].shape
+        with pytest.raises(ValueError, match=str(bad)):
+            data.records[1]
+        return
+    path = tmp_path / "calib.safetensors"
+    calib.save(path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2] if damage == "truncated" else b"PK\x03\x04 a zip, not records")
+    for lazy in (False, True):
+        with pytest.raises(ValueError, match=str(path)):
+            CalibrationData.load(path, lazy=lazy)
+    with pytest.raises(FileNotFoundError, match="missing.safetensors"):
+        CalibrationData.load(tmp_path / "missing.safetensors")
+
+
+def test_cache_is_found_again_by_another_process(tmp_path):
+    """Regression: the key held diffusers' ``_use_default_values``, a list in set order, which changes with
+    Python's hash seed, so a second process never found the first one's engine."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from fastdiff.engines import compile_engine; from fastdiff.testing import tiny_pipeline; "
+        "unet = tiny_pipeline('sd15', size='tiny', seed=0).unet; "
+        "assert len(unet.config.get('_use_default_values', [])) > 1; "
+        f"e = compile_engine(unet, precision='fp32', cache_dir={str(tmp_path)!r}); print('HIT', e.cache_hit)"
+    )
+    hits = []
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        hits.append(out.stdout.strip().splitlines()[-1])
+    assert hits == ["HIT False", "HIT True"]

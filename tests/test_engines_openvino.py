@@ -15,42 +15,25 @@ pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 pytest.importorskip("onnxruntime")
 
-from diffusers import DDIMScheduler  # noqa: E402
+import engines_fixtures  # noqa: E402
 
 from fastdiff import installed  # noqa: E402
 from fastdiff._compat import MissingDependencyError  # noqa: E402
-from fastdiff.engines import (  # noqa: E402  # noqa: E402
+from fastdiff.engines import (  # noqa: E402
     EngineUNet,
     GateConfig,
     QualityGateError,
     QuantConfig,
     RuntimeConfig,
-    calibrate,
     compile_engine,
     runtime_ov,  # noqa: E402
-    snr_db,
 )
 from fastdiff.engines import export as export_mod  # noqa: E402
-from fastdiff.testing import tiny_pipeline  # noqa: E402
+from fastdiff.engines.quality import snr_db  # noqa: E402
 
-PROMPTS = ["a red cat", "a blue dog", "a green circle", "a yellow square"]
-
-
-def _eager(unet, r):
-    with torch.no_grad():
-        return unet(r["sample"], r["timestep"], r["encoder_hidden_states"]).sample
-
-
-@pytest.fixture(scope="module")
-def pipe():
-    p = tiny_pipeline("sd15", size="tiny", seed=0)
-    p.scheduler = DDIMScheduler.from_config(p.scheduler.config)
-    return p
-
-
-@pytest.fixture(scope="module")
-def calib(pipe):
-    return calibrate(pipe, PROMPTS, num_inference_steps=3, guidance_scale=7.5)
+# Shared with the other engine test module (pytest registers fixtures found in the module namespace).
+pipe, calib = engines_fixtures.pipe, engines_fixtures.calib
+PROMPTS, STEPS, _eager = engines_fixtures.PROMPTS, engines_fixtures.STEPS, engines_fixtures.eager
 
 
 @pytest.fixture(scope="module")

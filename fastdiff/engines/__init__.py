@@ -11,57 +11,38 @@ Typical use::
     image = pipe(prompt).images[0]  # pipe.unet is now the engine
     fastdiff.restore(pipe)          # back to the PyTorch U-Net
 
-Map: ``compile.py`` (cache key, build, quality gate, install/restore record) drives every backend;
-``config.py`` its settings. A backend adds a runner (``runtime_<name>.py``: flat inputs in, torch
-tensor out), its build (``openvino_build.py`` / ``runtime_trt.build_engine`` / ``_move_onnx``), an
-entry in ``compile.PRECISIONS`` and ``_ARTIFACT``. Inputs are described once in
-:mod:`fastdiff.unet_inputs`; records stream from disk via ``records.py``; CPU capabilities
-(VNNI, bf16) are in ``cpu.py``.
+Map: ``compile.py`` (validation, cache key, load, quality gate, install/restore record) drives every
+backend and ``build.py`` writes its artifact; ``config.py`` holds the settings. A backend adds a runner
+(``runtime_<name>.py``: flat inputs in, torch tensor out, sharing ``runtime_common.py``), its build
+(``openvino_build.py`` / ``runtime_trt.build_engine`` / ``build.move_onnx``) and an entry in
+``compile.PRECISIONS`` and ``build.ARTIFACT``. Inputs are described once in :mod:`fastdiff.unet_inputs`;
+records stream from disk via ``records.py``; CPU capabilities (VNNI, bf16) are in ``cpu.py``.
+
+Exported here is what a user calls; the building blocks (runners, cache, quantisation nodes,
+TensorRT profiles) stay importable from their modules.
 """
 
-from .cache import EngineCache, cache_root
-from .calibration import CalibrationData, UNetInputRecorder, calibrate, synthetic_inputs
-from .compile import PRECISIONS, compile_engine, measure_quality
+from .calibration import CalibrationData, calibrate
+from .compile import PRECISIONS, compile_engine
 from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
-from .export import FlatUNet, UNetSignature, export_onnx, unet_signature
+from .export import export_onnx
 from .module import EngineUNet
-from .quality import QualityGateError, cosine_similarity, snr_db
-from .quantization import DEFAULT_EXCLUDE, LEVELS, classify_nodes, qdq_summary, quantize, select_nodes
-from .runtime_ort import OrtRunner
-from .runtime_trt import build_engine as build_tensorrt_engine
-from .runtime_trt import profile_shapes as tensorrt_profile_shapes
+from .quality import QualityGateError
+from .quantization import quantize
 from .sensitivity import layer_sensitivity
 
 __all__ = [
-    "DEFAULT_EXCLUDE",
-    "LEVELS",
     "PRECISIONS",
     "CalibrationData",
-    "EngineCache",
     "EngineUNet",
     "ExportConfig",
     "GateConfig",
-    "FlatUNet",
-    "OrtRunner",
     "QualityGateError",
     "QuantConfig",
     "RuntimeConfig",
-    "UNetInputRecorder",
-    "UNetSignature",
-    "build_tensorrt_engine",
-    "cache_root",
     "calibrate",
-    "classify_nodes",
     "compile_engine",
-    "cosine_similarity",
     "export_onnx",
     "layer_sensitivity",
-    "measure_quality",
-    "qdq_summary",
     "quantize",
-    "select_nodes",
-    "snr_db",
-    "synthetic_inputs",
-    "tensorrt_profile_shapes",
-    "unet_signature",
 ]

@@ -51,6 +51,15 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def config_for_key(config) -> dict:
+    """A model config without diffusers' private ``_*`` entries.
+
+    ``_use_default_values`` is built from a set, so its order changes with Python's hash seed: keyed on
+    it, a cache entry was never found again by another process.
+    """
+    return {k: v for k, v in dict(config).items() if not str(k).startswith("_")}
+
+
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

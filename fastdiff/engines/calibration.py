@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..unet_inputs import unet_signature
-from .records import DiskRecords, RecordSpill
+from .records import DiskRecords, RecordSpill, open_records_file
 
 _RECORD_KEYS = ("sample", "timestep", "encoder_hidden_states", "timestep_cond", "text_embeds", "time_ids")
 
@@ -111,14 +111,12 @@ class CalibrationData:
 
         ``lazy=True`` (always for a folder) keeps the records on disk and reads each when used.
         """
-        from safetensors import safe_open
-
         if Path(path).is_dir():
             meta_file = Path(path) / "meta.json"
             meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
             return cls(DiskRecords.from_dir(path), meta)
         if lazy:
-            with safe_open(str(path), framework="pt") as f:
+            with open_records_file(path) as f:
                 meta_raw = (f.metadata() or {}).get("fastdiff_calibration")
             if meta_raw is None:
                 raise ValueError(
@@ -127,7 +125,7 @@ class CalibrationData:
             return cls(DiskRecords.from_file(path), json.loads(meta_raw))
 
         records: dict[int, dict[str, torch.Tensor]] = {}
-        with safe_open(str(path), framework="pt") as f:
+        with open_records_file(path) as f:
             meta_raw = (f.metadata() or {}).get("fastdiff_calibration")
             if meta_raw is None:
                 raise ValueError(

@@ -1,7 +1,7 @@
-"""``compile_engine``: export, (quantise,) build, verify and install an engine in place of ``pipe.unet``.
+"""``compile_engine``: validate, key, (build,) load, verify and install an engine in place of ``pipe.unet``.
 
-Over 350 lines because ``compile_engine`` is still one sequence (validate, key, build, load, gate,
-install) shared by three backends; backend builds live in ``openvino_build.py`` / ``runtime_trt.py``.
+The build itself is in ``build.py`` (export, quantise, backend artifact); OpenVINO specifics in
+``openvino_build.py``, TensorRT's in ``runtime_trt.py``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import torch
 
 from . import export as _export
 from . import quantization as _quantize
-from .cache import EngineCache, library_versions, make_key, weights_fingerprint
+from .build import ARTIFACT, QUANTISED, BuildSpec, build
+from .cache import EngineCache, config_for_key, library_versions, make_key, weights_fingerprint
 from .calibration import CalibrationData, synthetic_inputs
 from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
 from .module import EngineUNet
-from .quality import QualityGateError, check_gate, compare_outputs
+from .quality import QualityGateError, check_gate, measure_quality
 
 logger = logging.getLogger("fastdiff.engines")
 
@@ -29,8 +30,6 @@ PRECISIONS = {
     "tensorrt": ("fp32", "fp16", "int8"),
     "openvino": ("fp32", "bf16", "int8", "mixed", "auto"),
 }
-_ARTIFACT = {"onnxruntime": "engine.onnx", "tensorrt": "engine.plan", "openvino": "engine.xml"}
-_QUANTISED = ("int8", "mixed")  # precisions that need calibration
 # Layers that stayed in high precision in a mixed/int8 OpenVINO build (an artifact of its cache entry).
 _LAYERS_FILE = "layers.json"  # = openvino_build.LAYERS_FILE
 
@@ -48,27 +47,6 @@ def _resolve(pipe_or_unet):
             f"got {type(pipe_or_unet).__name__}"
         )
     return pipe, unet
-
-
-@torch.no_grad()
-def measure_quality(unet: torch.nn.Module, runner, inputs: CalibrationData) -> dict:
-    """Compare ``runner`` with the PyTorch ``unet`` (float32) on every record of ``inputs``."""
-    device = next(unet.parameters()).device
-    dtype = next(unet.parameters()).dtype
-    outs, refs = [], []
-    signature = _export.unet_signature(unet)
-    for record in inputs:
-        out = runner(record).float().cpu()
-        kwargs = signature.from_flat({k: v.to(device) for k, v in record.items()})
-        kwargs = {
-            k: v.to(dtype) if k in ("sample", "encoder_hidden_states") else v for k, v in kwargs.items()
-        }
-        if kwargs["added_cond_kwargs"] is not None:
-            kwargs["added_cond_kwargs"]["text_embeds"] = kwargs["added_cond_kwargs"]["text_embeds"].to(dtype)
-        ref = unet(**kwargs, return_dict=False)[0]
-        outs.append(out)
-        refs.append(ref.float().cpu())
-    return compare_outputs(outs, refs)
 
 
 def compile_engine(
@@ -122,11 +100,19 @@ def compile_engine(
         raise ValueError(
             f"backend {backend!r} supports precision {list(PRECISIONS[backend])}, got {precision!r}"
         )
+    for name, value, kind in (
+        ("quant", quant, QuantConfig),
+        ("gate", gate, GateConfig),
+        ("export", export, ExportConfig),
+        ("runtime", runtime, RuntimeConfig),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{name} must be a fastdiff.engines.{kind.__name__} or None, got {value!r}")
     if calibration is not None and not isinstance(calibration, CalibrationData):
         raise TypeError(
             f"calibration must be CalibrationData (from calibrate()), got {type(calibration).__name__}"
         )
-    if precision in _QUANTISED and calibration is None:
+    if precision in QUANTISED and calibration is None:
         raise ValueError(
             f"{precision} needs calibration data: "
             "calibration = fastdiff.engines.calibrate(pipe, prompts, num_inference_steps=20)"
@@ -134,7 +120,7 @@ def compile_engine(
     if backend == "openvino":
         from . import runtime_ov
 
-        runtime_ov.require_openvino("OpenVINO engines", nncf=precision in _QUANTISED)
+        runtime_ov.require_openvino("OpenVINO engines", nncf=precision in QUANTISED)
         if precision == "auto":
             from .openvino_build import compile_auto
 
@@ -152,26 +138,12 @@ def compile_engine(
     signature = _export.unet_signature(unet)
     quant, gate = quant or QuantConfig(), gate or GateConfig()
     export, runtime = export or ExportConfig(), runtime or RuntimeConfig()
-    level, method, exclude, percentile = quant.level, quant.method, quant.exclude, quant.percentile
-    max_calibration_records, holdout_every = quant.max_calibration_records, quant.holdout_every
-    min_snr_db, min_cosine, force = gate.min_snr_db, gate.min_cosine, gate.force
-    opset, dynamic, sample_shape, sequence_length = (
-        export.opset,
-        export.dynamic,
-        export.sample_shape,
-        export.sequence_length,
-    )
-    threads, static, trt_batch, trt_image_px = (
-        runtime.threads,
-        runtime.static,
-        runtime.trt_batch,
-        runtime.trt_image_px,
-    )
+    sequence_length = export.sequence_length
 
     calib_part = None
-    if precision in _QUANTISED:
+    if precision in QUANTISED:
         calib_part, held = (
-            calibration.split(holdout_every) if len(calibration) >= 2 else (calibration, calibration)
+            calibration.split(quant.holdout_every) if len(calibration) >= 2 else (calibration, calibration)
         )
     else:
         held = calibration
@@ -189,19 +161,19 @@ def compile_engine(
 
     parts = {
         "weights": weights_fingerprint(unet),
-        "config": dict(unet.config),
+        "config": config_for_key(unet.config),
         "backend": backend,
         "precision": precision,
-        "opset": opset,
-        "dynamic": list(dynamic),
-        "sample_shape": list(sample_shape) if sample_shape else None,
+        "opset": export.opset,
+        "dynamic": list(export.dynamic),
+        "sample_shape": list(export.sample_shape) if export.sample_shape else None,
         "sequence_length": sequence_length,
         "versions": library_versions(backend),
     }
-    if precision in _QUANTISED and backend == "openvino":
+    if precision in QUANTISED and backend == "openvino":
         parts["quant"] = {
-            "exclude": list(exclude),
-            "max_calibration_records": max_calibration_records,
+            "exclude": list(quant.exclude),
+            "max_calibration_records": quant.max_calibration_records,
             "calibration": calib_part.fingerprint(),
             "smooth_quant": quant.smooth_quant,
             "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
@@ -209,19 +181,23 @@ def compile_engine(
         }
     elif precision == "int8":
         parts["quant"] = {
-            "level": level,
-            "method": method,
-            "exclude": list(exclude),
-            "percentile": percentile,
-            "max_calibration_records": max_calibration_records,
+            "level": quant.level,
+            "method": quant.method,
+            "exclude": list(quant.exclude),
+            "percentile": quant.percentile,
+            "max_calibration_records": quant.max_calibration_records,
             "calibration": calib_part.fingerprint(),
             "symmetric": backend == "tensorrt",
             # u8 x s8 saturation without VNNI: the graph itself differs (7-bit weights).
             "reduce_range": backend == "onnxruntime" and _quantize.default_reduce_range("uint8"),
         }
     if backend == "tensorrt":
-        trt_cfg = uses_cfg(calibration or quality_inputs, signature, pipe)
-        parts["trt_profile"] = {"batch": list(trt_batch), "image_px": list(trt_image_px), "cfg": trt_cfg}
+        trt_cfg = runtime_trt.uses_cfg(calibration or quality_inputs, signature, pipe)
+        parts["trt_profile"] = {
+            "batch": list(runtime.trt_batch),
+            "image_px": list(runtime.trt_image_px),
+            "cfg": trt_cfg,
+        }
         parts["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     key = make_key(parts)
     quality_key = held.fingerprint()
@@ -242,7 +218,7 @@ def compile_engine(
             tmp_root = Path(tempfile.mkdtemp(prefix="fastdiff-engine-"))
             entry = tmp_root
         try:
-            spec = _BuildSpec(
+            spec = BuildSpec(
                 quant=quant,
                 export=dataclasses.replace(export, sequence_length=sequence_length),
                 runtime=runtime,
@@ -253,7 +229,7 @@ def compile_engine(
                 if use_cache and backend == "tensorrt"
                 else None,
             )
-            _build(unet, entry, backend, precision, calib_part, signature, spec)
+            build(unet, entry, backend, precision, calib_part, signature, spec)
         except BaseException:
             shutil.rmtree(entry, ignore_errors=True)
             raise
@@ -261,7 +237,7 @@ def compile_engine(
             meta = cache.commit(key, parts, entry)
             entry = cache.entry_dir(key)
 
-    artifact = entry / _ARTIFACT[backend]
+    artifact = entry / ARTIFACT[backend]
     try:
         if backend == "tensorrt":
             runner = runtime_trt.TrtRunner(
@@ -274,14 +250,14 @@ def compile_engine(
             runner = runtime_ov.OvRunner(
                 artifact,
                 hint=hint,
-                static=static,
-                threads=threads,
+                static=runtime.static,
+                threads=runtime.threads,
                 blob_cache=cache.root / "openvino-blobs" if use_cache else None,
             )
         else:
             from .runtime_ort import OrtRunner
 
-            runner = OrtRunner(artifact, threads=threads)
+            runner = OrtRunner(artifact, threads=runtime.threads)
         layers_info = _read_layers(entry)
     finally:
         # Without the cache the build folder holds the whole model: the runner has loaded it, so go.
@@ -306,7 +282,7 @@ def compile_engine(
         quality["inputs"],
         " [cache hit]" if cache_hit else "",
     )
-    build_info = {"key": key, "entry": str(entry), "level": level if precision == "int8" else None}
+    build_info = {"key": key, "entry": str(entry), "level": quant.level if precision == "int8" else None}
     build_info.update(layers_info)
     engine = EngineUNet(
         runner,
@@ -319,8 +295,8 @@ def compile_engine(
         artifact=artifact,
         build_info=build_info,
     )
-    failure = check_gate(quality, min_snr_db, min_cosine)
-    if failure and not force:
+    failure = check_gate(quality, gate.min_snr_db, gate.min_cosine)
+    if failure and not gate.force:
         raise QualityGateError(
             f"{backend}/{precision} engine rejected: {failure} (measured on {quality['inputs']}; "
             f"SNR {quality['snr_db']:.2f} dB, cosine {quality['cosine']:.6f}). Try a lower quantisation level, "
@@ -357,22 +333,6 @@ def _read_layers(entry: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def uses_cfg(records: CalibrationData | None, signature, pipe=None) -> bool:
-    """Whether the U-Net sees classifier-free-guidance pairs (twice the prompt batch).
-
-    From the recorded runs when there are any (their guidance scale), else: not for U-Nets with
-    guidance embedded (LCM's ``time_cond_proj_dim``) or pipelines whose default guidance is <= 1,
-    else yes (Stable Diffusion's default guidance is 7.5). A wrong True made batch-1 inputs fall
-    outside the TensorRT profile.
-    """
-    if records is not None and "guidance_scale" in records.meta:
-        return float(records.meta["guidance_scale"]) > 1.0 and signature.time_cond_dim is None
-    if signature.time_cond_dim is not None:
-        return False
-    guidance = getattr(pipe, "_guidance_scale", None)
-    return guidance is None or float(guidance) > 1.0
-
-
 def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
     import json
 
@@ -382,93 +342,3 @@ def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, 
     tmp = meta_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
     os.replace(tmp, meta_path)
-
-
-@dataclasses.dataclass(frozen=True)
-class _BuildSpec:
-    """Everything a build needs besides the model: the caller's configs plus what compile_engine derived."""
-
-    quant: QuantConfig
-    export: ExportConfig
-    runtime: RuntimeConfig
-    trt_cfg: bool
-    timing_cache: Path | None
-
-
-def _build(unet, entry: Path, backend, precision, calib_part, signature, spec: _BuildSpec) -> None:
-    """Write the engine artifact for ``backend``/``precision`` into ``entry`` (a tqdm bar per stage)."""
-    import tempfile
-
-    from tqdm.auto import tqdm
-
-    stages = ["export", *(["quantise"] if precision in _QUANTISED else []), "build"]
-    bar = tqdm(total=len(stages), desc=f"fastdiff {backend}/{precision}", unit="stage", leave=False)
-    with bar, tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
-        tmp = Path(tmp)
-        bar.set_postfix_str("export")
-        # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
-        # unquantised layers run in fp32. An fp16 export's Q/DQ pass selects no node yet.
-        onnx_dtype = torch.float16 if precision == "fp16" else torch.float32
-        fp_path = _export.export_onnx(
-            unet,
-            tmp / "unet.onnx",
-            opset=spec.export.opset,
-            dynamic=spec.export.dynamic,
-            sample_shape=spec.export.sample_shape,
-            sequence_length=spec.export.sequence_length,
-            dtype=onnx_dtype,
-        )
-        bar.update()
-        model_path = fp_path
-        if precision == "int8" and backend != "openvino":
-            bar.set_postfix_str("quantise")
-            symmetric = backend == "tensorrt"  # TensorRT takes only zero-point-0 int8
-            model_path = _quantize.quantize(
-                fp_path,
-                calib_part,
-                level=spec.quant.level,
-                method=spec.quant.method,
-                exclude=spec.quant.exclude,
-                percentile=spec.quant.percentile,
-                max_calibration_records=spec.quant.max_calibration_records,
-                activation_type="int8" if symmetric else "uint8",
-                out_path=tmp / "unet.int8.onnx",
-            )
-            bar.update()
-        bar.set_postfix_str(
-            "build" if backend != "openvino" or precision not in _QUANTISED else "quantise + build"
-        )
-        if backend == "onnxruntime":
-            _move_onnx(model_path, entry / _ARTIFACT[backend])
-        elif backend == "openvino":
-            from .openvino_build import build_openvino
-
-            build_openvino(fp_path, entry / _ARTIFACT[backend], precision, calib_part, spec)
-        else:
-            from . import runtime_trt
-
-            shapes = runtime_trt.profile_shapes(
-                signature,
-                batch=spec.runtime.trt_batch,
-                image_px=spec.runtime.trt_image_px,
-                cfg=spec.trt_cfg,
-                sequence_length=spec.export.sequence_length,
-            )
-            runtime_trt.build_engine(
-                model_path,
-                entry / _ARTIFACT[backend],
-                shapes,
-                timing_cache=spec.timing_cache,
-            )
-        bar.update(bar.total - bar.n)
-
-
-def _move_onnx(src: Path, dst: Path) -> None:
-    """Move a model and its external data file, rewriting the data location to the new name."""
-    import onnx
-
-    data = src.with_name(src.name + ".data")
-    if not data.exists():
-        shutil.move(str(src), str(dst))
-        return
-    _export.save_onnx(onnx.load(str(src), load_external_data=True), dst, external_data=True)

@@ -68,3 +68,8 @@ class RuntimeConfig:
     static: bool = True
     trt_batch: tuple[int, int, int] = (1, 1, 8)
     trt_image_px: tuple[int, int, int] = (256, 512, 1024)
+
+    def __post_init__(self):
+        from .runtime_common import check_threads
+
+        check_threads(self.threads)  # before any export or build: a bad count fails in seconds, not minutes

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from ..unet_inputs import unet_signature
+
 
 class QualityGateError(RuntimeError):
     """An engine's output differs from the PyTorch U-Net more than the configured threshold allows."""
@@ -59,3 +61,24 @@ def check_gate(quality: dict, min_snr_db: float | None, min_cosine: float | None
     if min_cosine is not None and not quality["cosine"] >= min_cosine:
         reasons.append(f"cosine {quality['cosine']:.5f} < min_cosine={min_cosine}")
     return "; ".join(reasons) or None
+
+
+@torch.no_grad()
+def measure_quality(unet: torch.nn.Module, runner, inputs) -> dict:
+    """Compare ``runner`` with the PyTorch ``unet`` (float32) on every record of ``inputs``."""
+    device = next(unet.parameters()).device
+    dtype = next(unet.parameters()).dtype
+    outs, refs = [], []
+    signature = unet_signature(unet)
+    for record in inputs:
+        out = runner(record).float().cpu()
+        kwargs = signature.from_flat({k: v.to(device) for k, v in record.items()})
+        kwargs = {
+            k: v.to(dtype) if k in ("sample", "encoder_hidden_states") else v for k, v in kwargs.items()
+        }
+        if kwargs["added_cond_kwargs"] is not None:
+            kwargs["added_cond_kwargs"]["text_embeds"] = kwargs["added_cond_kwargs"]["text_embeds"].to(dtype)
+        ref = unet(**kwargs, return_dict=False)[0]
+        outs.append(out)
+        refs.append(ref.float().cpu())
+    return compare_outputs(outs, refs)

@@ -9,6 +9,7 @@ safetensors' memory map).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,27 @@ from pathlib import Path
 import torch
 
 RECORD_SUFFIX = ".safetensors"
+
+
+@contextlib.contextmanager
+def open_records_file(path: str | os.PathLike):
+    """``safetensors.safe_open`` whose failures (not safetensors, truncated) raise ValueError naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise FileNotFoundError(f"calibration file {str(path)!r} does not exist") from e
+        raise ValueError(
+            f"calibration file {str(path)!r} is not a readable safetensors file (truncated or another "
+            f"format?): {e}"
+        ) from e
+    with handle as f:
+        try:
+            yield f
+        except SafetensorError as e:
+            raise ValueError(f"calibration file {str(path)!r} is damaged: {e}") from e
 
 
 class DiskRecords(Sequence):
@@ -32,9 +54,7 @@ class DiskRecords(Sequence):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> DiskRecords:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
+        with open_records_file(path) as f:
             indices = sorted({int(k.split(".", 1)[0]) for k in f.keys()})
         return cls([(str(path), f"{i:06d}.") for i in indices])
 
@@ -48,9 +68,7 @@ class DiskRecords(Sequence):
         if isinstance(index, slice):
             return DiskRecords(self._entries[index])
         path, prefix = self._entries[index]
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as f:
+        with open_records_file(path) as f:
             if prefix is None:
                 return {k: f.get_tensor(k) for k in f.keys()}
             return {k[len(prefix) :]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}

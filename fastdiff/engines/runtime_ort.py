@@ -6,18 +6,18 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .._compat import require
+from .runtime_common import check_threads, numpy_feed
 
 
 def _session_options(ort, threads: int | None):
     opts = ort.SessionOptions()
     # ORT_ENABLE_ALL fuses Q/DQ pairs around Conv/MatMul into QLinearConv / MatMulInteger kernels.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        opts.intra_op_num_threads = int(threads)
+    if threads is not None:
+        opts.intra_op_num_threads = threads
     return opts
 
 
@@ -37,6 +37,7 @@ class OrtRunner:
         providers: Sequence[str] | None = None,
         threads: int | None = None,
     ):
+        threads = check_threads(threads)
         ort = require("onnxruntime", "ONNX Runtime engines")
         self.path = Path(onnx_path)
         providers = list(providers or ["CPUExecutionProvider"])
@@ -53,14 +54,5 @@ class OrtRunner:
         self.output_name = self.session.get_outputs()[0].name
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise ValueError(
-                f"engine inputs {missing} are missing; the engine takes {list(self.input_names)}"
-            )
-        feed = {
-            n: np.ascontiguousarray(inputs[n].detach().to("cpu", torch.float32).numpy())
-            for n in self.input_names
-        }
-        (out,) = self.session.run([self.output_name], feed)
+        (out,) = self.session.run([self.output_name], numpy_feed(inputs, self.input_names))
         return torch.from_numpy(out)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .._compat import MissingDependencyError, is_available
+from .runtime_common import check_threads, numpy_feed
 
 ARTIFACT = "engine.xml"
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32", "mixed": None}
@@ -72,9 +73,7 @@ def save(model, path: Path) -> Path:
 
 def _transform(input_names: Sequence[str]):
     def fn(record: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        return {
-            n: np.ascontiguousarray(record[n].detach().to("cpu", torch.float32).numpy()) for n in input_names
-        }
+        return numpy_feed(record, input_names)
 
     return fn
 
@@ -176,6 +175,7 @@ class OvRunner:
         threads: int | None = None,
         blob_cache: str | os.PathLike | None = None,
     ):
+        threads = check_threads(threads)
         ov = require_openvino()
         if hint not in ("f32", "bf16"):
             raise ValueError(f"hint must be 'f32' or 'bf16', got {hint!r}")
@@ -186,8 +186,8 @@ class OvRunner:
         if blob_cache is not None:
             self.core.set_property({"CACHE_DIR": str(blob_cache)})
         self.config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
-        if threads:
-            self.config["INFERENCE_NUM_THREADS"] = int(threads)
+        if threads is not None:
+            self.config["INFERENCE_NUM_THREADS"] = threads
         self.model = self.core.read_model(str(self.path))
         self.input_names = tuple(p.get_friendly_name() for p in self.model.get_parameters())
         self._compiled: dict[tuple, object] = {}
@@ -205,15 +205,7 @@ class OvRunner:
         return req
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise ValueError(
-                f"engine inputs {missing} are missing; the engine takes {list(self.input_names)}"
-            )
-        feed = {
-            n: np.ascontiguousarray(inputs[n].detach().to("cpu", torch.float32).numpy())
-            for n in self.input_names
-        }
+        feed = numpy_feed(inputs, self.input_names)
         req = self._request(feed)
         req.infer(feed)
         return torch.from_numpy(np.array(req.get_output_tensor(0).data, copy=True))

@@ -168,3 +168,19 @@ class TrtRunner:
         if not self.context.execute_async_v3(stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed")
         return out
+
+
+def uses_cfg(records, signature, pipe=None) -> bool:
+    """Whether the U-Net sees classifier-free-guidance pairs (twice the prompt batch).
+
+    From the recorded runs when there are any (their guidance scale), else: not for U-Nets with
+    guidance embedded (LCM's ``time_cond_proj_dim``) or pipelines whose default guidance is <= 1,
+    else yes (Stable Diffusion's default guidance is 7.5). A wrong True made batch-1 inputs fall
+    outside the TensorRT profile.
+    """
+    if records is not None and "guidance_scale" in records.meta:
+        return float(records.meta["guidance_scale"]) > 1.0 and signature.time_cond_dim is None
+    if signature.time_cond_dim is not None:
+        return False
+    guidance = getattr(pipe, "_guidance_scale", None)
+    return guidance is None or float(guidance) > 1.0
