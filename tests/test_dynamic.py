@@ -570,3 +570,23 @@ def test_a_model_returning_a_tuple_is_named_with_what_to_return():
 
     with pytest.raises(TypeError, match=r"got tuple from model_fn '.*my_unet_fn'.*unet\(x, t\)\.sample"):
         sample(my_unet_fn, x, scheduler=sch, num_inference_steps=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(generator="seed"), TypeError, r"generator must be a torch.Generator.*got 'seed'"),
+        (dict(generator=[torch.Generator(), 3]), TypeError, r"generator must be a torch.Generator"),
+        (dict(stop_after=-1), ValueError, r"stop_after must be an int >= 0 .*got -1"),
+        (dict(stop_after=True), ValueError, r"stop_after must be an int >= 0 .*got True"),
+        (dict(num_inference_steps=0), ValueError, r"num_inference_steps must be positive ints.*got 0"),
+        (dict(num_inference_steps=[3, 0]), ValueError, r"num_inference_steps must be positive ints.*got 0"),
+    ],
+)
+def test_bad_generator_pause_and_step_counts_raise_naming_the_argument(kwargs, error, match):
+    sch = dpm()
+    calls = []
+    kwargs = {"num_inference_steps": 3, **kwargs}
+    with pytest.raises(error, match=match):
+        sample(lambda x, t: calls.append(t) or x, torch.randn(2, 4, 8, 8), scheduler=sch, **kwargs)
+    assert not calls  # refused before any model call

@@ -526,3 +526,19 @@ def test_a_pipeline_without_a_vae_can_preview_and_refine_latents():
     kw = dict(num_inference_steps=4, output_type="latent", generator=torch.Generator().manual_seed(0))
     state = p("a red circle", preview_steps=2, **kw).fastdiff.state
     assert torch.equal(p.refine(state).images, full.images)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"min_snr_db": "x"}, "min_snr_db"),
+        ({"min_cosine": float("nan")}, "min_cosine"),
+        ({"force": 1}, "force"),
+    ],
+)
+def test_gate_config_refuses_non_numbers_naming_the_field(kwargs, name):
+    from fastdiff.engines import GateConfig
+
+    with pytest.raises(TypeError, match=rf"GateConfig\.{name} must be"):
+        GateConfig(**kwargs)
+    assert GateConfig(min_snr_db=25, min_cosine=None).min_snr_db == 25  # numbers and None stay valid

@@ -13,7 +13,7 @@ diffusers pipeline it adds:
   ``num_inference_steps`` picks each row's schedule after a probe.
 * **x0 everywhere.** Every step yields the data prediction x0. A row that stops early returns its x0
   prediction, never a still-noisy x_t.
-* **pause and resume.** ``stop_after=k`` returns after k steps with a resumable :class:`SampleState`;
+* **pause and resume.** ``stop_after=k`` returns after k steps (0: before the first) with a resumable :class:`SampleState`;
   :func:`resume` continues it, bit-for-bit the same as an uninterrupted run.
 
 One tick of the loop is three functions in :mod:`fastdiff.dynamic.tick`: ``evaluate`` (one batched model
@@ -52,6 +52,7 @@ def _check_inputs(
     on_rows_retired,
     callback=None,
     on_nonfinite="raise",
+    generator=None,
 ):
     if not isinstance(on_nonfinite, str) or on_nonfinite not in NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}")
@@ -72,8 +73,17 @@ def _check_inputs(
         raise TypeError(f"on_rows_retired must be callable(remaining_rows) or None, got {on_rows_retired!r}")
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
-    if stop_after is not None and (not isinstance(stop_after, int) or stop_after < 0):
-        raise ValueError(f"stop_after must be a non-negative int or None, got {stop_after!r}")
+    if stop_after is not None and (
+        not isinstance(stop_after, int) or isinstance(stop_after, bool) or stop_after < 0
+    ):
+        raise ValueError(
+            f"stop_after must be an int >= 0 (steps before pausing; 0: before the first) or None, got {stop_after!r}"
+        )
+    gens = generator if isinstance(generator, list) else [generator]
+    if not all(g is None or isinstance(g, torch.Generator) for g in gens):
+        raise TypeError(
+            f"generator must be a torch.Generator, a list of them (one per row) or None, got {generator!r}"
+        )
 
 
 def _steps_per_row(num_inference_steps, batch: int) -> list[int] | None:
@@ -93,7 +103,9 @@ def _steps_per_row(num_inference_steps, batch: int) -> list[int] | None:
         raise TypeError(f"{what}, got {type(num_inference_steps).__name__}")
     for n in counts:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"step counts must be positive ints, got {n!r}")
+            raise ValueError(
+                f"num_inference_steps must be positive ints (one per row or one for all), got {n!r}"
+            )
     return counts
 
 
@@ -182,6 +194,12 @@ def resume(
         raise TypeError(f"resume() needs the SampleState of a paused run, got {type(state).__name__}")
     if state.finished:
         raise ValueError("this sampling run has already finished; there is nothing to resume")
+    if stop_after is not None and (
+        not isinstance(stop_after, int) or isinstance(stop_after, bool) or stop_after < 0
+    ):
+        raise ValueError(
+            f"stop_after must be an int >= 0 (steps before pausing; 0: before the first) or None, got {stop_after!r}"
+        )
     if model_fn is not None:
         state.model_fn = model_fn
     return run(state, stop_after)
@@ -213,6 +231,7 @@ def start(
         on_rows_retired,
         callback,
         on_nonfinite,
+        generator,
     )
     batch = latents.shape[0]
     if isinstance(scheduler, SchedulerAdapter):

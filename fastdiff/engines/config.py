@@ -42,6 +42,14 @@ class GateConfig:
     min_cosine: float | None = None
     force: bool = False
 
+    def __post_init__(self):
+        for name in ("min_snr_db", "min_cosine"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v):
+                raise TypeError(f"GateConfig.{name} must be a number or None (criterion off), got {v!r}")
+        if not isinstance(self.force, bool):
+            raise TypeError(f"GateConfig.force must be True or False, got {self.force!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
