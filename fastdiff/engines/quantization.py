@@ -2,7 +2,8 @@
 
 The heavy lifting (activation calibration, inserting QuantizeLinear/DequantizeLinear
 pairs, per-channel weight scales) is ``onnxruntime.quantization.quantize_static``;
-this module decides *what* to quantise.
+this module decides *what* to quantise. (About 380 lines: the layer taxonomy, the node classifier and the
+Q/DQ summary must agree with each other, so they stay in one place.)
 
 Every weighted layer of the exported graph is classified from its node name
 (TorchScript export names nodes after module paths, e.g.
