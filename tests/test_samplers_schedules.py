@@ -179,6 +179,13 @@ def test_misc_errors():
         make_scheduler("unipc", like=42)
     with pytest.raises(ValueError, match="rescale_betas_zero_snr"):
         make_scheduler("unipc", like={"rescale_betas_zero_snr": True})
+    # the adaptive sampler inherits the training schedule by the same rule: no silent un-rescaled betas
+    from fastdiff.samplers import AdaptiveScheduler
+
+    with pytest.raises(ValueError, match="rescale_betas_zero_snr"):
+        AdaptiveScheduler(like={"rescale_betas_zero_snr": True})
+    with pytest.raises(TypeError, match="`like` must be"):
+        AdaptiveScheduler(like=42)
     s = make_scheduler("unipc")
     with pytest.raises(ValueError, match="call set_timesteps"):
         s.step(torch.zeros(1, 4), 999, torch.zeros(1, 4))

@@ -37,7 +37,7 @@ from .core import FINAL_STEPS
 from .dpm_solver import dpmpp_update
 from .noise_schedule import NoiseSchedule, training_betas
 from .options import PREDICTION_TYPES
-from .scheduler import INHERITED_KEYS, FastSchedulerOutput, _config_of
+from .scheduler import FastSchedulerOutput, inherited_config
 
 __all__ = ["AdaptiveScheduler"]
 
@@ -102,8 +102,7 @@ class AdaptiveScheduler:
             raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {final_step!r}")
         if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 2:
             raise ValueError(f"AdaptiveScheduler max_steps must be an int >= 2, got {max_steps!r}")
-        cfg = _config_of(like)
-        keys = {k: cfg[k] for k in INHERITED_KEYS if k in cfg and cfg[k] is not None}
+        keys = inherited_config(like)
         self.prediction_type = keys.get("prediction_type", "epsilon")
         if self.prediction_type not in PREDICTION_TYPES:
             raise ValueError(

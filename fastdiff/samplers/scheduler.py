@@ -374,6 +374,22 @@ INHERITED_KEYS = (
     "prediction_type",
     "steps_offset",
 )
+
+
+def inherited_config(like) -> dict:
+    """The training-schedule keys (``INHERITED_KEYS``) a fastdiff sampler takes from ``like``; a zero-terminal-SNR
+    schedule is refused, since its sigma_max is infinite (one rule for every fastdiff scheduler)."""
+    cfg = _config_of(like)
+    if cfg.get("rescale_betas_zero_snr", False):
+        raise ValueError(
+            "rescale_betas_zero_snr=True (sigma_max = inf) is not supported by fastdiff samplers"
+        )
+    keys = {k: cfg[k] for k in INHERITED_KEYS if k in cfg and cfg[k] is not None}
+    if "trained_betas" in keys:
+        keys["trained_betas"] = as_config_value(keys["trained_betas"])
+    return keys
+
+
 OPTIONS = (
     "schedule",
     "schedule_kind",
@@ -417,14 +433,7 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for make_scheduler; valid: {', '.join(OPTIONS)}")
-    cfg = _config_of(like)
-    if cfg.get("rescale_betas_zero_snr", False):
-        raise ValueError(
-            "rescale_betas_zero_snr=True (sigma_max = inf) is not supported by fastdiff samplers"
-        )
-    kwargs = {k: cfg[k] for k in INHERITED_KEYS if k in cfg and cfg[k] is not None}
-    if "trained_betas" in kwargs:
-        kwargs["trained_betas"] = as_config_value(kwargs["trained_betas"])
+    kwargs = inherited_config(like)
     if name == "dpmpp_3m" and "solver_order" not in options:
         options["solver_order"] = 3
     if "schedule" in options:
