@@ -12,7 +12,15 @@ import math
 import pytest
 import torch
 from diffusers import DDIMScheduler, EulerDiscreteScheduler
-from dynamic_helpers import SD_BETAS, GaussianRows, dpm, gaussian_case, reference_loop, tiny_unet
+from dynamic_helpers import (
+    SD_BETAS,
+    GaussianRows,
+    assert_rows_match_alone,
+    dpm,
+    gaussian_case,
+    reference_loop,
+    tiny_unet,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -166,11 +174,7 @@ def test_per_row_step_counts_equal_solo_runs():
     mu, s, x = gaussian_case()
     res = sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=[4, 9, 6])
     assert res.steps_run == [4, 9, 6] and res.nfe == 9
-    for r, n in enumerate([4, 9, 6]):
-        solo = sample(
-            GaussianRows(mu[r : r + 1], s[r : r + 1], sch), x[r : r + 1], scheduler=sch, num_inference_steps=n
-        )
-        assert (res.latents[r] - solo.latents[0]).abs().max() < 1e-5
+    assert_rows_match_alone(res, mu, s, x, sch, [4, 9, 6])
 
 
 def test_auto_steps_reuses_probe_and_matches_fixed_runs():
@@ -185,11 +189,7 @@ def test_auto_steps_reuses_probe_and_matches_fixed_runs():
     # probe = 2 steps of the 8-step schedule; row 0 continues it, the others reuse the shared first evaluation
     assert res.nfe_per_sample == [8, 12 + 1, 20 + 1]
     assert "tier 'simple'" in res.notes[0] and "tier 'detailed'" in res.notes[2]
-    for r, n in enumerate([8, 12, 20]):
-        solo = sample(
-            GaussianRows(mu[r : r + 1], s[r : r + 1], sch), x[r : r + 1], scheduler=sch, num_inference_steps=n
-        )
-        assert (res.latents[r] - solo.latents[0]).abs().max() < 1e-5
+    assert_rows_match_alone(res, mu, s, x, sch, [8, 12, 20])
 
 
 def test_prompt_tiers_and_high_frequency_energy():
