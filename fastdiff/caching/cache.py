@@ -77,6 +77,7 @@ class StepCache(StepClock, CallHooks, RowSelection):
         self.enabled = True
         self.mode = "off"
         self._schedule_override: list[float] | None = None
+        self._call_schedule = False  # the override came from a pipeline call (pipeline.begin_call)
         self._external: tuple[int, float] | None = None  # (count, t) of the step announced by begin_step
         self._announced = 0
         self._run_serial = 0  # counts runs (never reset): a rows hook checks it follows the current run

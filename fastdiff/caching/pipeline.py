@@ -144,6 +144,6 @@ def finish_call(pipe, state=None) -> StepCacheRun | None:
             state.on_rows_retired = hook.bound_to(state.live_rows)
     cache.reset()
     cache._first_batch = None
-    if getattr(cache, "_call_schedule", False):  # set by begin_call for this call only
+    if cache._call_schedule:  # set by begin_call for this call only
         cache._schedule_override, cache._call_schedule = None, False
     return summary
