@@ -27,6 +27,7 @@ import argparse
 import ast
 import io
 import os
+import re
 import subprocess
 import sys
 import tokenize
@@ -118,19 +119,15 @@ def docstring_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
+def code_lines(source: str) -> set[int]:
+    """1-based numbers of the lines that count as code (see the module docstring)."""
+    return _classify(source)[0]
+
+
 def count(source: str) -> dict[str, int]:
     """code / doc / comment / blank line counts of one module's source."""
+    code, docs, comments = _classify(source)
     text = source.splitlines()
-    docs = docstring_lines(ast.parse(source))
-    code: set[int] = set()
-    comments: set[int] = set()
-    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.ENCODING}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments.add(tok.start[0])
-        elif tok.type not in skip:
-            code.update(range(tok.start[0], tok.end[0] + 1))
-    code -= docs
     blank = sum(1 for i, line in enumerate(text, 1) if not line.strip() and i not in docs and i not in code)
     return {
         "lines": len(text),
@@ -141,10 +138,49 @@ def count(source: str) -> dict[str, int]:
     }
 
 
+def _classify(source: str) -> tuple[set[int], set[int], set[int]]:
+    docs = docstring_lines(ast.parse(source))
+    code: set[int] = set()
+    comments: set[int] = set()
+    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.ENCODING}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments.add(tok.start[0])
+        elif tok.type not in skip:
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    return code - docs, docs, comments
+
+
 def first_docstring_mentions_length(source: str) -> bool:
     """Whether the module docstring gives a reason for its length (it mentions 'lines' or 'long')."""
     doc = ast.get_docstring(ast.parse(source)) or ""
     return "lines" in doc or "long" in doc
+
+
+FEATURE_ISSUES = {"#12", "#13", "#14", "#15", "#16"}  # step control, caching, CPU engines, sweeps, validation
+
+
+def blame_split(path: str, head: str, base_commits: set[str], subjects: dict[str, str]) -> dict[str, int]:
+    """A module's code lines at ``head`` by the commit that last wrote each (``git blame -w -M -C``):
+
+    ``base``: written at or before the base revision; ``feature``: by a later commit whose subject names
+    only feature issues (:data:`FEATURE_ISSUES`), none of #10/#11; ``rework``: any other later commit.
+    An estimate that leans *for* the goal: a pre-existing line edited by a feature commit counts as feature.
+    """
+    source = _git("show", f"{head}:{path}")
+    wanted = code_lines(source)
+    out = {"base": 0, "feature": 0, "rework": 0}
+    porcelain = _git("blame", "-w", "-M", "-C", "--porcelain", head, "--", path)
+    for line in porcelain.splitlines():
+        part = line.split()
+        if not line.startswith("\t") and re.fullmatch(r"[0-9a-f]{40}", part[0]) and int(part[2]) in wanted:
+            sha = part[0]
+            if sha in base_commits:
+                out["base"] += 1
+            else:
+                tags = set(re.findall(r"#\d+", subjects.get(sha, "")))
+                out["feature" if tags and tags <= FEATURE_ISSUES else "rework"] += 1
+    return out
 
 
 def feature_of(path: str, at_base: set[str]) -> tuple[str, bool, str, str]:
@@ -159,6 +195,8 @@ def feature_of(path: str, at_base: set[str]) -> tuple[str, bool, str, str]:
 def measure(base: str, head: str) -> tuple[list[dict], dict]:
     base_mods, head_mods = modules(base), modules(head)
     at_base = set(base_mods)
+    base_commits = set(_git("rev-list", base).split())
+    subjects = dict(line.split(" ", 1) for line in _git("log", "--format=%H %s", f"{base}..{head}").splitlines())
     rows = []
     for path in sorted(set(base_mods) | set(head_mods)):
         then = count(_git("show", f"{base}:{path}")) if path in at_base else None
@@ -178,6 +216,11 @@ def measure(base: str, head: str) -> tuple[list[dict], dict]:
                 "doc_now": now["doc"] if now else 0,
                 "lines_then": then["lines"] if then else 0,
                 "lines_now": now["lines"] if now else 0,
+                **(
+                    {f"blame_{k}": v for k, v in blame_split(path, head, base_commits, subjects).items()}
+                    if now and existed
+                    else {"blame_base": 0, "blame_feature": 0, "blame_rework": 0}
+                ),
                 "long_without_reason": bool(
                     now and now["lines"] > LONG_FILE and not first_docstring_mentions_length(now_src)
                 ),
@@ -207,6 +250,7 @@ def summarise(rows: list[dict]) -> dict:
             "existing_features_lines_then": _sum(old, "lines_then"),
             "existing_features_lines_now": _sum(old, "lines_now"),
             "new_features_code_now": _sum(mine, "code_now", lambda r: not r["existed"]),
+            "existing_features_code_now_by_blame": {k: _sum(old, f"blame_{k}") for k in ("base", "rework", "feature")},
         }
     out["by_feature_now"] = {}
     for r in rows:
@@ -221,6 +265,7 @@ def verdict(summary: dict) -> str:
     s = summary["fastdiff"]
     then, now = s["existing_features_code_then"], s["existing_features_code_now"]
     k = summary["fastdiff+kernels"]
+    b = s["existing_features_code_now_by_blame"]
     met = now < then and not summary["long_without_reason"]
     return (
         f"Goal (issue #10) 'fewer lines in fastdiff/ for the same features': **{'met' if met else 'not met'}**. "
@@ -230,6 +275,10 @@ def verdict(summary: dict) -> str:
         f"Counting kernels/ too (code moved between it and fastdiff/ops): "
         f"{k['existing_features_code_then']} then, {k['existing_features_code_now']} now. "
         f"Features added since hold {s['new_features_code_now']} code lines. "
+        f"By git blame, the {now} existing-feature lines now were last written at or before the base "
+        f"({b['base']}), by later #10/#11 rework or untagged commits ({b['rework']}), or by commits of "
+        f"feature issues #12-#16 ({b['feature']}); without the last, {now - b['feature']} against {then} "
+        f"(an estimate leaning for the goal: a line a feature commit edited counts as feature). "
         f"Files over {LONG_FILE} lines with no reason in their opening docstring: "
         f"{', '.join(summary['long_without_reason']) or 'none'}."
     )
@@ -260,6 +309,7 @@ def main() -> None:
         f"Code lines now, by feature:\n{by_feature}\n"
     )
     cols = ["module", "feature", "existed", "added_by", "code_then", "code_now", "doc_then", "doc_now", "lines_now"]
+    cols += ["blame_base", "blame_rework", "blame_feature"]
     write_results(args.name, rows, meta=meta, columns=cols, notes=notes)
     print(verdict(summary))
 
