@@ -157,13 +157,9 @@ def start(
         generator,
     )
     batch = latents.shape[0]
-    if isinstance(scheduler, SchedulerAdapter):
-        base = scheduler
-        check_step_kwargs(base.scheduler, {} if step_kwargs is None else step_kwargs)
-        base.step_kwargs.update(step_kwargs or {})
-    else:
-        check_step_kwargs(scheduler, {} if step_kwargs is None else step_kwargs)
-        base = SchedulerAdapter(scheduler, step_kwargs)
+    base = scheduler if isinstance(scheduler, SchedulerAdapter) else SchedulerAdapter(scheduler)
+    check_step_kwargs(base.scheduler, {} if step_kwargs is None else step_kwargs)
+    base.step_kwargs.update(step_kwargs or {})
     if base.self_scheduling and num_inference_steps is not None:
         raise ValueError(
             f"{type(base.scheduler).__name__} chooses its own steps (from its tolerance); pass "
