@@ -35,6 +35,20 @@ _NORM_BACKENDS = {
 _WINOGRAD_BACKENDS = {"auto": "auto", "triton": "winograd_triton", "torch": "winograd_torch"}
 
 
+def _eligible(unet, ctx, kind: type, done: type, ineligible_reason) -> list[tuple[str, nn.Module]]:
+    """(path, module) of every ``kind`` submodule that is not a ``done`` one already and is eligible;
+    each other ``kind`` submodule is reported to ``ctx`` as skipped, with the reason."""
+    out = []
+    for path, module in unet.named_modules():
+        if isinstance(module, kind):
+            reason = f"already a {done.__name__}" if isinstance(module, done) else ineligible_reason(module)
+            if reason is None:
+                out.append((path, module))
+            else:
+                ctx.skip(path, reason)
+    return out
+
+
 class FuseNormActPass(Pass):
     """GroupNorm -> SiLU (-> 3x3 conv) chains to fused Triton kernels."""
 
@@ -73,15 +87,8 @@ class FuseNormActPass(Pass):
         if backend is None:
             ctx.skip("", why)
             return
-        blocks = [(p, m) for p, m in unet.named_modules() if isinstance(m, ResnetBlock2D)]
-        for path, block in blocks:
-            if isinstance(block, FusedResnetBlock2D):
-                ctx.skip(path, "already fused")
-                continue
-            reason = fused_resnet_ineligible_reason(block)
-            if reason is not None:
-                ctx.skip(path, reason)
-                continue
+        eligible = _eligible(unet, ctx, ResnetBlock2D, FusedResnetBlock2D, fused_resnet_ineligible_reason)
+        for path, block in eligible:
             fused = FusedResnetBlock2D.from_module(
                 block, backend=_NORM_BACKENDS[backend][1], plan_cache_dir=config.plan_cache_dir
             )
@@ -122,15 +129,7 @@ class WinogradPass(Pass):
                 f"got {backend!r}"
             )
         backend = _WINOGRAD_BACKENDS[backend]
-        convs = [(p, m) for p, m in unet.named_modules() if isinstance(m, nn.Conv2d)]
-        for path, conv in convs:
-            if isinstance(conv, WinogradConv2d):
-                ctx.skip(path, "already a WinogradConv2d")
-                continue
-            reason = winograd_ineligible_reason(conv)
-            if reason is not None:
-                ctx.skip(path, reason)
-                continue
+        for path, conv in _eligible(unet, ctx, nn.Conv2d, WinogradConv2d, winograd_ineligible_reason):
             new = WinogradConv2d.from_module(
                 conv, mode=config.winograd, plan_cache_dir=config.plan_cache_dir, winograd_backend=backend
             )
