@@ -111,12 +111,13 @@ class FusedResnetBlock2D(ResnetBlock2D):
         self.plans = {}
         self.weight_caches = {"conv1": TransformedWeightCache(), "conv2": TransformedWeightCache()}
 
-    def _unfused(self, x, norm, conv, es, et):
+    def _unfused(self, x, norm, conv, es, et, dropout=None):
         """The original module sequence (what runs for training and wherever native is chosen)."""
         y = norm(x)
         if es is not None:
             y = y * (1 + es[:, :, None, None]) + et[:, :, None, None]
-        return conv(self.nonlinearity(y))
+        y = self.nonlinearity(y)
+        return conv(y if dropout is None else dropout(y))
 
     def _norm_act_conv(self, x, norm, conv, name, es=None, et=None):
         fusable = _fusable_conv(conv) and x.dtype in SUPPORTED_DTYPES and x.dtype == conv.weight.dtype
@@ -166,10 +167,7 @@ class FusedResnetBlock2D(ResnetBlock2D):
             es, et = (t[:, :, 0, 0] for t in torch.chunk(temb, 2, dim=1))
 
         if self.training and self.dropout.p > 0:  # dropout sits between SiLU and conv2: unfused
-            y = self.norm2(hidden)
-            if es is not None:
-                y = y * (1 + es[:, :, None, None]) + et[:, :, None, None]
-            hidden = self.conv2(self.dropout(self.nonlinearity(y)))
+            hidden = self._unfused(hidden, self.norm2, self.conv2, es, et, self.dropout)
         else:
             hidden = self._norm_act_conv(hidden, self.norm2, self.conv2, "conv2", es, et)
 
