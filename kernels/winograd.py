@@ -28,6 +28,10 @@ wgmma), which cannot beat cuDNN. The split costs the V and M round trips through
 8x the output for half precision), which is why "auto" dispatch keeps cuDNN wherever it measures faster.
 Weights are transformed once by :func:`transform_weight` (callers cache the result).
 
+About 450 lines: the three kernels, the CPU path and the reference must agree on one tile and plane layout,
+so they stay side by side; the input transform is written out tap by tap because Triton register tensors
+cannot be indexed.
+
 Optionally the input transform applies a per-(sample, channel) affine map and SiLU to every loaded value --
 that is how :mod:`fastdiff.kernels.fused_norm_conv` fuses GroupNorm+SiLU into the convolution. Zero padding
 is applied *after* the activation (padded taps are 0, not ``silu(shift)``).
