@@ -65,12 +65,9 @@ stats = {"timed": 0, "cache_hits": 0}
 # ---------------------------------------------------------------------------------------------------------
 def inference_only(*tensors) -> bool:
     """True when no input needs a gradient and nothing traces/scripts/exports/compiles the call."""
-    if torch.jit.is_scripting() or torch.jit.is_tracing():
+    if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return False
-    if torch.onnx.is_in_onnx_export():
-        return False
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and compiler.is_compiling():
+    if torch.compiler.is_compiling():  # torch >= 2.4 (the pinned minimum) always has torch.compiler
         return False
     return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
