@@ -73,16 +73,11 @@ class DemoContext:
     def generators(self) -> list[torch.Generator]:
         return [torch.Generator("cpu").manual_seed(self.seed + i) for i in range(len(self.prompts))]
 
-    def run(self, pipe, steps: int, guidance_scale: float | None = None) -> np.ndarray:
-        """Generate one image per prompt; uint8 NHWC."""
-        gs = self.guidance_scale if guidance_scale is None else guidance_scale
-        out = pipe(
-            self.prompts,
-            num_inference_steps=steps,
-            guidance_scale=gs,
-            generator=self.generators(),
-            output_type="np",
-        )
+    def run(self, pipe, /, **keywords) -> np.ndarray:
+        """Generate one image per prompt with these pipeline keywords (CFG scale: the context's by
+        default); uint8 NHWC."""
+        keywords.setdefault("guidance_scale", self.guidance_scale)
+        out = pipe(self.prompts, generator=self.generators(), output_type="np", **keywords)
         return (out.images * 255).round().astype(np.uint8)
 
 
@@ -97,7 +92,7 @@ class Config:
 
 
 def _baseline(ctx: DemoContext) -> np.ndarray:
-    return ctx.run(ctx.pipe("base"), 10 if ctx.quick else 50)
+    return ctx.run(ctx.pipe("base"), num_inference_steps=10 if ctx.quick else 50)
 
 
 def _fast_sampler(name: str, steps: int, schedule: str):
@@ -106,7 +101,7 @@ def _fast_sampler(name: str, steps: int, schedule: str):
 
         pipe = ctx.pipe("base")
         pipe.scheduler = make_scheduler(name, like=pipe.scheduler, schedule=schedule)
-        return ctx.run(pipe, steps)
+        return ctx.run(pipe, num_inference_steps=steps)
 
     return fn
 
@@ -123,20 +118,13 @@ def _dynamic(**options):
             opts["steps"] = "fast"
         if "draft" in opts:
             opts["draft"] = {**opts["draft"], "model": ctx.pipe("lcm")}
-        out = pipe(
-            ctx.prompts,
-            guidance_scale=ctx.guidance_scale,
-            generator=ctx.generators(),
-            output_type="np",
-            **opts,
-        )
-        return (out.images * 255).round().astype(np.uint8)
+        return ctx.run(pipe, **opts)
 
     return fn
 
 
 def _lcm_draft(ctx: DemoContext) -> np.ndarray:
-    return ctx.run(ctx.pipe("lcm"), 4)
+    return ctx.run(ctx.pipe("lcm"), num_inference_steps=4)
 
 
 # the first row (``baseline``) is the reference of the PSNR/SSIM columns
@@ -231,13 +219,7 @@ def run_demo(prompts=DEFAULT_PROMPTS, out_dir="fastdiff-out", quick=False, seed=
         }
         if attrs is not None:
             s = score(imgs, attrs)
-            row.update(
-                {
-                    "attr_shape_colour": s["shape_colour"],
-                    "attr_bg_colour": s["bg_colour"],
-                    "attr_shape": s["shape"],
-                }
-            )
+            row.update({f"attr_{k}": s[k] for k in ("shape_colour", "bg_colour", "shape")})
         rows.append(row)
         images.append((f"{cfg.name}\n{row['unet_evals_per_image']:g} UNet evals\n{wall:.2f} s", imgs))
     os.makedirs(out_dir, exist_ok=True)
