@@ -45,21 +45,21 @@ LONG_FILE = 350  # issue #10: no file above about this many lines without a reas
 # module that existed, as the commit says); "new" means a feature that 0bc6ae6 did not have.
 ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     # --- features that existed, code moved or restructured (#10) ---
-    "fastdiff/_lazy.py": ("public API", True, "7fe613a", "lazy top level replacing eager imports (#10)"),
-    "fastdiff/installed.py": ("optimize / restore", True, "5ad2aff", "one restore record replacing attribute sniffing (#10)"),
+    "fastdiff/_lazy.py": ("fastdiff/ top level", True, "7fe613a", "lazy top level replacing eager imports (#10)"),
+    "fastdiff/installed.py": ("fastdiff/ top level", True, "5ad2aff", "one restore record replacing attribute sniffing (#10)"),
     "fastdiff/unet_inputs.py": ("engines", True, "6379d52", "U-Net signature, four conversions made one (#10)"),
-    "fastdiff/ops/dispatch.py": ("kernels dispatch", True, "2dbccb2", "dispatch moved in from kernels/dispatch.py (#10)"),
-    "kernels/_device.py": ("kernels dispatch", True, "2dbccb2", "device checks once in fastdiff's dispatch (#10)"),
+    "fastdiff/ops/dispatch.py": ("kernels", True, "2dbccb2", "dispatch moved in from kernels/dispatch.py (#10)"),
+    "kernels/_device.py": ("kernels", True, "2dbccb2", "device checks once in fastdiff's dispatch (#10)"),
     "fastdiff/metrics/texture.py": ("metrics", True, "e268e56", "neighbour_difference moved in from a benchmark (#10)"),
-    "fastdiff/dynamic/adapters.py": ("sampling loop", True, "cd27006", "split out of dynamic/loop.py (#10)"),
-    "fastdiff/dynamic/protocols.py": ("sampling loop", True, "cd27006", "split out of dynamic/loop.py (#10)"),
-    "fastdiff/dynamic/records.py": ("sampling loop", True, "cd27006", "split out of dynamic/loop.py (#10)"),
-    "fastdiff/dynamic/tick.py": ("sampling loop", True, "cd27006", "split out of dynamic/loop.py (#10)"),
-    "fastdiff/dynamic/checks.py": ("sampling loop", True, "3e519c6", "sample's checks moved out of loop.py (#10)"),
-    "fastdiff/pipelines/plan.py": ("drop-in pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
-    "fastdiff/pipelines/capture.py": ("drop-in pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
-    "fastdiff/pipelines/records.py": ("drop-in pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
-    "fastdiff/pipelines/unet_calls.py": ("drop-in pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
+    "fastdiff/dynamic/adapters.py": ("dynamic", True, "cd27006", "split out of dynamic/loop.py (#10)"),
+    "fastdiff/dynamic/protocols.py": ("dynamic", True, "cd27006", "split out of dynamic/loop.py (#10)"),
+    "fastdiff/dynamic/records.py": ("dynamic", True, "cd27006", "split out of dynamic/loop.py (#10)"),
+    "fastdiff/dynamic/tick.py": ("dynamic", True, "cd27006", "split out of dynamic/loop.py (#10)"),
+    "fastdiff/dynamic/checks.py": ("dynamic", True, "3e519c6", "sample's checks moved out of loop.py (#10)"),
+    "fastdiff/pipelines/plan.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
+    "fastdiff/pipelines/capture.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
+    "fastdiff/pipelines/records.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
+    "fastdiff/pipelines/unet_calls.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
     "fastdiff/engines/build.py": ("engines", True, "80bb1bd", "split out of engines/compile.py (#10)"),
     "fastdiff/engines/config.py": ("engines", True, "1615d4e", "config dataclasses replacing 25 keywords (#10)"),
     "fastdiff/engines/runtime_common.py": ("engines", True, "80bb1bd", "shared by the ORT/TRT runners (#10)"),
@@ -188,7 +188,8 @@ def feature_of(path: str, at_base: set[str]) -> tuple[str, bool, str, str]:
         return ADDED_SINCE[path]
     if path in at_base:
         part = path.split("/")
-        return (part[1] if len(part) > 2 else part[0] + "/ top level", True, "", "present at the base revision")
+        feature = part[1] if len(part) > 2 else ("kernels" if part[0] == "kernels" else "fastdiff/ top level")
+        return feature, True, "", "present at the base revision"
     raise SystemExit(f"{path} is new since the base revision but has no ADDED_SINCE entry; add one")
 
 
@@ -202,7 +203,8 @@ def measure(base: str, head: str) -> tuple[list[dict], dict]:
         then = count(_git("show", f"{base}:{path}")) if path in at_base else None
         now_src = _git("show", f"{head}:{path}") if path in head_mods else None
         now = count(now_src) if now_src is not None else None
-        feature, existed, commit, why = feature_of(path, at_base) if now else ("(removed)", True, "", "")
+        feature, existed, commit, why = feature_of(path, at_base)
+        why = why if now else "removed since the base revision"
         rows.append(
             {
                 "module": path,
@@ -252,11 +254,12 @@ def summarise(rows: list[dict]) -> dict:
             "new_features_code_now": _sum(mine, "code_now", lambda r: not r["existed"]),
             "existing_features_code_now_by_blame": {k: _sum(old, f"blame_{k}") for k in ("base", "rework", "feature")},
         }
-    out["by_feature_now"] = {}
+    out["by_feature"] = {}  # "feature (existed|new)" -> [code lines then, now]
     for r in rows:
-        if r["code_now"]:
-            key = f"{r['feature']} ({'existed' if r['existed'] else 'new'})"
-            out["by_feature_now"][key] = out["by_feature_now"].get(key, 0) + r["code_now"]
+        key = f"{r['feature']} ({'existed' if r['existed'] else 'new'})"
+        then_now = out["by_feature"].setdefault(key, [0, 0])
+        then_now[0] += r["code_then"]
+        then_now[1] += r["code_now"]
     out["long_without_reason"] = [r["module"] for r in rows if r["long_without_reason"]]
     return out
 
@@ -300,13 +303,14 @@ def main() -> None:
         load_after=os.getloadavg(),
         summary=summary,
     )
-    by_feature = "\n".join(f"- {k}: {v}" for k, v in sorted(summary["by_feature_now"].items()))
+    by_feature = "\n".join(f"- {k}: {a} -> {b}" for k, (a, b) in sorted(summary["by_feature"].items()))
     notes = (
         f"{verdict(summary)}\n\n"
         f"Base {meta['base']}, head {meta['head']}. `code` = non-blank lines holding a token that is not a "
         "comment, docstrings excluded (`doc`). A module present at the base counts as an existing feature "
         "even where new features grew inside it, so the like-for-like figure leans against the goal.\n\n"
-        f"Code lines now, by feature:\n{by_feature}\n"
+        f"Code lines then -> now, by feature (kernels: fastdiff/ops/dispatch.py came from kernels/dispatch.py):\n"
+        f"{by_feature}\n"
     )
     cols = ["module", "feature", "existed", "added_by", "code_then", "code_now", "doc_then", "doc_now", "lines_now"]
     cols += ["blame_base", "blame_rework", "blame_feature"]
