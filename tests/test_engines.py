@@ -443,7 +443,10 @@ def test_cached_artifact_checks(pipe, cache_copy):
 
     os.utime(artifact, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # intact, new mtime: re-hashed, kept
     assert cache.validate(entry.name, parts) is None
-    assert json.loads((entry / "meta.json").read_text())["files"]["engine.onnx"]["mtime_ns"] == st.st_mtime_ns + 10**9
+    assert (
+        json.loads((entry / "meta.json").read_text())["files"]["engine.onnx"]["mtime_ns"]
+        == st.st_mtime_ns + 10**9
+    )
     st = artifact.stat()
 
     artifact.write_bytes(good[:-100])
