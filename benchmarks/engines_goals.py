@@ -80,7 +80,9 @@ def goals(not_run: dict) -> list[dict]:
         }
     )
     mem = (_load("engines-cpu-memory") or {}).get("rows", [])
-    hits = [m for m in mem if m.get("cache_hit")]
+    # Rows with "verify" come from cache format 2 (#14's cheaper checks); earlier ones are history.
+    hits = [m for m in mem if m.get("cache_hit") and m.get("verify") == "stat"]
+    before = [m for m in mem if m.get("cache_hit") and "verify" not in m]
     out.append(
         {
             "goal": "cached rebuild < 10 s",
@@ -90,30 +92,40 @@ def goals(not_run: dict) -> list[dict]:
             if all(m["compile_engine_s"] < 10 for m in hits)
             else "not met",
             "evidence": "; ".join(
-                f"{m['precision']} at {m['side_px']}^2, fresh process: compile_engine {m['compile_engine_s']} s "
-                f"(weights fingerprint + sha256 of the cached artifacts + reading the model), "
-                f"{m['through_first_step_s']} s through the first step (per-shape compile from OpenVINO's "
-                "blob cache + one U-Net step)"
+                f"{m['precision']} at {m['side_px']}^2, fresh process, load {m['load_1min']}: compile_engine "
+                f"{m['compile_engine_s']} s (weights fingerprint {m['weights_fingerprint_s']} s, cache check "
+                f"{m['cache_check_s']} s, reading the model {m['read_model_s']} s), {m['through_first_step_s']} s "
+                "through the first step (per-shape compile from OpenVINO's blob cache + one U-Net step)"
                 for m in hits
+            )
+            + "".join(
+                f"; before (cache format 1): {m['compile_engine_s']} s at {m['side_px']}^2" for m in before
             ),
         }
     )
     stages = [m for m in mem if m.get("records") == 32 and m.get("side_px") == 512 and "peak_rss_gb" in m]
+    current = [m for m in stages if m.get("mapped_weights")]  # this round's code path (#14 fixes)
+    judged = current or stages
     out.append(
         {
             "goal": "peak memory < 8 GB for int8 calibration + quantisation at 512^2 with 32 records",
             "status": (
                 "not measured"
-                if not stages
+                if not judged
                 else "met"
-                if all(m["peak_rss_gb"] < 8 and m.get("finished", True) for m in stages)
+                if all(m["peak_rss_gb"] < 8 and m.get("finished", True) for m in judged)
                 else "not met"
-                if any(m["peak_rss_gb"] >= 8 for m in stages)
+                if any(m["peak_rss_gb"] >= 8 for m in judged)
                 else "not measured (unfinished run below 8 GB so far)"
             ),
             "evidence": "; ".join(
-                (
-                    f"{m['peak_rss_gb']} GB peak in {m['seconds']} s"
+                ("before: " if m not in current and current else "")
+                + (
+                    f"{m['peak_rss_gb']} GB peak (anon {m.get('peak_anon_gb')}, mapped file "
+                    f"{m.get('peak_file_gb')}; ru_maxrss {m.get('ru_maxrss_gb')}) in {m['seconds']} s, "
+                    f"calibration shapes {m.get('calibration_shapes')}, mapped weights {m.get('mapped_weights')}, "
+                    f"SNR vs fp32 on held-back records mean {m.get('snr_vs_fp32_db_mean')} / worst "
+                    f"{m.get('snr_vs_fp32_db_worst')} dB"
                     if m.get("finished", True)
                     else f">= {m['peak_rss_gb']} GB (a lower bound: reached after {m['peak_reached_at_s']:.0f} s "
                     f"and flat until the run was cut at {m['seconds']:.0f} s, before NNCF finished)"
@@ -154,9 +166,21 @@ def main():
             if avx2_only
             else ""
         )
-        + "\n- The 512^2 cached-rebuild row reused the fp32 entry built at 13:28 UTC by the same code before the "
-        "cache-key fix (commit 'the cache key drops diffusers' private config entries'); its meta.json was re-keyed "
-        "to the fixed key (identical artifacts) instead of rebuilding, to save a 4-minute slot of the shared lock."
+        + "\n- Cached rebuild (cache format 2): the 512^2 fp32 entry was filled by `engines_memory.py adopt` from "
+        "the format-1 entry built at 15:26 UTC by the same export code (identical artifacts copied; key, "
+        "meta.json and checksums written by compile_engine itself) instead of a 10-minute export on the shared "
+        "machine. The measured rebuild itself is unmodified compile_engine in a fresh process."
+        + "\n- Memory goal: judged on the stage alone (fp32 IR read memory-mapped, NNCF on 32 records streamed "
+        "from disk, int8 IR written), like the earlier row, and like it with SmoothQuant off. compile_engine's "
+        "default runs SmoothQuant (one more statistics pass on the same kind of compiled model), and a whole "
+        "compile_engine int8 build also holds the PyTorch U-Net (3.4 GB) and runs the export in the same "
+        "process: neither was measured at 512^2 this round. The quantised result is unchanged by the fix: "
+        "static vs dynamic calibration of the full U-Net at 256^2 (4 records) gives the same FakeQuantize ranges "
+        "to 3e-6 of their width (compare row in engines-cpu-memory.md). No SNR exists for the earlier 512^2 "
+        "run (cut before NNCF finished). The SNR is int8 vs fp32 OpenVINO on random weights: not representative "
+        "of trained weights."
+        + "\n- Cached rebuild at 256^2: not measured (lock budget); the fingerprint and cache check do not depend "
+        "on the image size, only the first-step compile does."
         + "\n- Sources: engines-cpu-sd15-256.md, engines-cpu-sd15-512.md, engines-cpu-memory.json, "
         "engines-tiny-e2e.md. Random-weight SD1.5 U-Nets: speed is representative, int8 SNR is not "
         "(trained activations differ)."

@@ -378,6 +378,92 @@ def test_stale_or_incomplete_cache_entry_is_rejected(pipe, cache_copy, count_exp
     assert not any(p.name.startswith(".staging") for p in cache_copy.iterdir())
 
 
+def test_weights_fingerprint_sees_every_element(pipe):
+    """#14: the threaded per-tensor fingerprint changes when any single element of any tensor changes
+    (by one ulp), when two same-shaped tensors swap contents, and on a dtype change; it does not
+    depend on the thread count; a reference hashes the same tree serially from ``tobytes()``."""
+    import copy
+    import hashlib
+
+    from fastdiff.engines.cache import weights_fingerprint
+
+    unet = copy.deepcopy(pipe.unet)
+    base = weights_fingerprint(unet)
+
+    def reference(module):
+        h = hashlib.sha256()
+        for name, t in sorted(module.state_dict().items()):
+            raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode() + hashlib.sha256(raw).digest())
+        return h.hexdigest()
+
+    assert base == reference(unet) == weights_fingerprint(unet, threads=1)
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    params = [p for p in unet.parameters() if p.numel() > 1]
+    with torch.no_grad():
+        for _ in range(3):  # one element of a random tensor, nudged by one ulp
+            p = params[int(torch.randint(len(params), (), generator=gen))]
+            i = int(torch.randint(p.numel(), (), generator=gen))
+            flat = p.view(-1)
+            old = flat[i].clone()
+            flat[i] = torch.nextafter(old, old + 1)
+            assert weights_fingerprint(unet) != base
+            flat[i] = old
+            assert weights_fingerprint(unet) == base
+        a, b = next((x, y) for x in params for y in params if x is not y and x.shape == y.shape)
+        saved = a.clone()
+        a.copy_(b)
+        b.copy_(saved)
+        assert weights_fingerprint(unet) != base
+        b.copy_(a)
+        a.copy_(saved)
+    assert weights_fingerprint(unet) == base
+    assert weights_fingerprint(unet.to(torch.float64)) != base
+
+
+def test_cached_artifact_checks(pipe, cache_copy):
+    """#14: the default "stat" check finds a truncated artifact (size) and an edited one (its mtime
+    moved, so it is re-hashed); an edit that puts the old mtime back passes it and only
+    verify="full" finds it. A copy that lost its mtimes but is intact stays valid."""
+    import os
+    import time
+
+    from fastdiff.engines.cache import EngineCache
+
+    (entry,) = [p for p in cache_copy.iterdir() if p.is_dir()]
+    parts = json.loads((entry / "meta.json").read_text())["parts"]
+    cache = EngineCache(cache_copy)
+    artifact = entry / "engine.onnx"
+    good = artifact.read_bytes()
+    st = artifact.stat()
+    assert cache.validate(entry.name, parts) is None
+    assert cache.validate(entry.name, parts, verify="full") is None
+    with pytest.raises(ValueError, match="verify must be one of"):
+        cache.validate(entry.name, parts, verify="quick")
+
+    os.utime(artifact, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # intact, new mtime: re-hashed, kept
+    assert cache.validate(entry.name, parts) is None
+    assert (
+        json.loads((entry / "meta.json").read_text())["files"]["engine.onnx"]["mtime_ns"]
+        == st.st_mtime_ns + 10**9
+    )
+    st = artifact.stat()
+
+    artifact.write_bytes(good[:-100])
+    assert "wrong size" in cache.validate(entry.name, parts)
+    time.sleep(0.05)  # past the filesystem's timestamp tick, as any later edit is
+    blob = bytearray(good)
+    blob[len(blob) // 3] ^= 0x01  # one flipped bit, same size
+    artifact.write_bytes(bytes(blob))
+    assert "sha256" in cache.validate(entry.name, parts)
+    os.utime(artifact, ns=(st.st_atime_ns, st.st_mtime_ns))  # the edit hides its mtime
+    assert cache.validate(entry.name, parts) is None  # the documented limit of "stat"
+    assert "sha256" in cache.validate(entry.name, parts, verify="full")
+    assert not compile_engine(pipe.unet, precision="fp32", cache_dir=cache_copy, verify="full").cache_hit
+    with pytest.raises(ValueError, match="verify must be one of"):
+        compile_engine(pipe.unet, precision="fp32", cache_dir=cache_copy, verify="sha")
+
+
 def test_cache_root_env(monkeypatch, tmp_path):
     from fastdiff.engines.cache import cache_root
 

@@ -114,6 +114,50 @@ def test_int8_quantises_on_records_and_reports_float_layers(pipe, calib, int8_ca
     assert engine.quality["num_inputs"] == len(held)
 
 
+def _fake_quantize_ranges(model) -> list:
+    """[low, high] of every FakeQuantize in graph order (names of converted nodes differ per conversion)."""
+    import numpy as np
+
+    out = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() == "FakeQuantize":
+            lo, hi = (op.input_value(i).get_node() for i in (1, 2))
+            if lo.get_type_name() == "Constant" and hi.get_type_name() == "Constant":
+                out.append(np.stack([lo.get_data(), hi.get_data()]).astype(np.float64))
+    return out
+
+
+def test_static_calibration_gives_dynamic_calibration_ranges(pipe, calib, int8_cache, tmp_path):
+    """#14: compile_engine's int8 build calibrates a copy reshaped to the records' shape (memory at
+    512^2); every FakeQuantize range must equal that of NNCF calibrating the dynamic model (to float
+    noise), and the result must keep its dynamic axes and run at another shape. ~25 s: one more
+    NNCF run on the tiny model, the only way to get the dynamic reference."""
+    import numpy as np
+
+    root, engine = int8_cache
+    fit = calib.split(4)[0]
+    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
+    assert runtime_ov.record_shapes(fit.records, ["sample", "timestep"]) is not None
+    mixed = [fit.records[0], {k: v[:1] for k, v in fit.records[1].items()}]
+    assert runtime_ov.record_shapes(mixed, ["sample", "timestep"]) is None  # then no reshape
+    reference = runtime_ov.quantize(
+        model, fit.records, num_records=len(fit), exclude=QuantConfig().exclude, static=False
+    )
+    assert all(p.get_partial_shape().is_dynamic for p in model.get_parameters())  # caller's model untouched
+    built = runtime_ov.require_openvino().Core().read_model(str(engine.build_info["entry"] + "/engine.xml"))
+    assert all(p.get_partial_shape().is_dynamic for p in built.get_parameters())
+    ours, theirs = _fake_quantize_ranges(built), _fake_quantize_ranges(reference)
+    assert len(ours) > 20 and [a.shape for a in ours] == [b.shape for b in theirs]
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        span = np.abs(b[1] - b[0]).max()
+        assert np.abs(a - b).max() <= 1e-4 * span + 1e-7, i
+    record = {k: v[:1] for k, v in calib.records[0].items()}  # batch 1: not the calibration shape
+    record["sample"] = torch.randn(1, 4, 8, 24, generator=torch.Generator().manual_seed(5))
+    out = engine.runner(record)
+    ref = _eager(pipe.unet, record)
+    assert out.shape == ref.shape and snr_db(out, ref) > 8
+
+
 def test_int8_quality_gate_refuses_and_installs_nothing(pipe, calib, int8_cache):
     root, engine = int8_cache
     with pytest.raises(QualityGateError, match="force=True"):

@@ -17,7 +17,7 @@ import torch
 from . import export as _export
 from . import quantization as _quantize
 from .build import ARTIFACT, QUANTISED, BuildSpec, build
-from .cache import EngineCache, config_for_key, library_versions, make_key, weights_fingerprint
+from .cache import EngineCache, check_verify, config_for_key, library_versions, make_key, weights_fingerprint
 from .calibration import CalibrationData, synthetic_inputs
 from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
 from .module import EngineUNet
@@ -62,6 +62,7 @@ def compile_engine(
     runtime: RuntimeConfig | None = None,
     quality_inputs: CalibrationData | None = None,
     use_cache: bool = True,
+    verify: str = "stat",
     install: bool = True,
 ) -> EngineUNet:
     """Compile the pipeline's U-Net into an ONNX Runtime or TensorRT engine and (by default) install it.
@@ -81,6 +82,9 @@ def compile_engine(
         quality_inputs: explicit inputs for the quality check (else held-back calibration records,
             else random inputs over the timestep range).
         use_cache: reuse/store engines in the cache; ``False`` builds in a temporary directory.
+        verify: how a cached engine's files are checked before use: "stat" (default) compares their
+            size and mtime with those recorded at build time and re-hashes a file only when its mtime
+            changed; "full" re-hashes every file (sha256; seconds for a multi-GB SD1.5 engine).
         install: replace ``pipe.unet`` with the engine.
 
     OpenVINO precisions: "fp32", "bf16" (native only with AVX512-BF16/AMX), "int8" (NNCF on the
@@ -108,6 +112,7 @@ def compile_engine(
     ):
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"{name} must be a fastdiff.engines.{kind.__name__} or None, got {value!r}")
+    check_verify(verify)
     if calibration is not None and not isinstance(calibration, CalibrationData):
         raise TypeError(
             f"calibration must be CalibrationData (from calibrate()), got {type(calibration).__name__}"
@@ -203,7 +208,7 @@ def compile_engine(
     quality_key = held.fingerprint()
 
     cache = EngineCache(cache_dir)
-    meta = cache.lookup(key, parts) if use_cache else None
+    meta = cache.lookup(key, parts, verify) if use_cache else None
     cache_hit = meta is not None
     trt_cfg = parts.get("trt_profile", {}).get("cfg", True)
     tmp_root = None

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from . import runtime_ov
+from .mapped import weight_files
 from .quality import QualityGateError
 from .quantization import classify_nodes
 from .sensitivity import layer_sensitivity
@@ -27,6 +28,11 @@ def build_openvino(fp_path: Path, artifact: Path, precision: str, calib_part, sp
     if precision not in QUANTISED:
         runtime_ov.save(model, artifact)
         return
+    # NNCF gets the model read back from an fp32 IR: its weights are then a read-only memory map,
+    # whose pages are given back while the CPU plugin holds its packed copy (see mapped.py).
+    fp_ir = runtime_ov.save(model, fp_path.with_name("fp32.xml"))
+    del model
+    model = runtime_ov.require_openvino().Core().read_model(str(fp_ir))
     keep = list(spec.quant.exclude)
     sensitivity = None
     records = calib_part
@@ -46,6 +52,7 @@ def build_openvino(fp_path: Path, artifact: Path, precision: str, calib_part, sp
         num_records=len(records),
         exclude=keep,
         smooth_quant=spec.quant.smooth_quant,
+        weights=weight_files(fp_ir),
     )
     runtime_ov.save(quantised, artifact)
     int8 = runtime_ov.quantised_layers(quantised)

@@ -2,7 +2,7 @@
 
 The heavy lifting (activation calibration, inserting QuantizeLinear/DequantizeLinear
 pairs, per-channel weight scales) is ``onnxruntime.quantization.quantize_static``;
-this module decides *what* to quantise. (About 380 lines: the layer taxonomy, the node classifier and the
+this module decides *what* to quantise. (About 390 lines: the layer taxonomy, the node classifier and the
 Q/DQ summary must agree with each other, so they stay in one place.)
 
 Every weighted layer of the exported graph is classified from its node name
@@ -154,6 +154,7 @@ class _Reader:
             def __init__(self):
                 self._range = range(len(records))
                 self._pos = iter(self._range)
+                self.bar = None  # records fed, per pass over them (ORT may read them more than once)
 
             def set_range(self, start_index: int, end_index: int):
                 self._range = range(start_index, min(end_index, len(records)))
@@ -164,6 +165,15 @@ class _Reader:
                 if i is None:
                     return None
                 r = records[i]
+                if self.bar is None:
+                    from tqdm.auto import tqdm
+
+                    self.bar = tqdm(
+                        total=len(records), desc="fastdiff ORT calibration", unit="record", leave=False
+                    )
+                elif self.bar.n >= self.bar.total:
+                    self.bar.reset()
+                self.bar.update()
                 missing = [n for n in input_names if n not in r]
                 if missing:
                     raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(r)}")
@@ -308,13 +318,12 @@ def quantize(
         }
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
+        reader = _Reader(calibration, _graph_input_names(pre), _graph_input_dtypes(pre))
         with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
             quantize_static(
                 str(pre),
                 str(out_path),
-                calibration_data_reader=_Reader(
-                    calibration, _graph_input_names(pre), _graph_input_dtypes(pre)
-                ),
+                calibration_data_reader=reader,
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(_QUANTISABLE_OPS),
                 nodes_to_quantize=chosen,
@@ -327,6 +336,8 @@ def quantize(
                 extra_options=extra,
                 calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
             )
+        if reader.bar is not None:
+            reader.bar.close()
     return out_path
 
 

@@ -78,6 +78,45 @@ def _transform(input_names: Sequence[str]):
     return fn
 
 
+class _Progress:
+    """The records, re-iterable (NNCF reads them once per statistics pass), with a tqdm bar per pass."""
+
+    def __init__(self, records, total: int, desc: str):
+        self.records, self.total, self.desc = records, total, desc
+
+    def __iter__(self):
+        from tqdm.auto import tqdm
+
+        with tqdm(total=self.total, desc=self.desc, unit="record", leave=False) as bar:
+            for record in self.records:
+                yield record
+                bar.update()
+
+
+def record_shapes(records: Iterable[Mapping[str, torch.Tensor]], input_names: Sequence[str]) -> dict | None:
+    """The one shape every record has per input, or None when the records differ."""
+    shapes = None
+    for record in records:
+        these = {n: tuple(record[n].shape) for n in input_names if n in record}
+        if shapes is None:
+            shapes = these
+        elif these != shapes:
+            return None
+    return shapes
+
+
+def static_for_calibration(model, shapes: Mapping[str, Sequence[int]]) -> dict:
+    """Reshape ``model`` in place to the records' one shape; returns the partial shapes to restore.
+
+    With every axis known the CPU plugin plans one reusable activation arena for the statistics
+    model; with dynamic axes it cannot, and NNCF's passes at 512^2 held far more memory (see
+    benchmarks/results/engines-cpu-memory.md). The ranges do not depend on it: same graph, same inputs.
+    """
+    original = {p.get_friendly_name(): p.get_partial_shape() for p in model.get_parameters()}
+    model.reshape({name: list(shape) for name, shape in shapes.items()})
+    return original
+
+
 def quantize(
     model,
     calibration: Iterable[Mapping[str, torch.Tensor]],
@@ -87,6 +126,8 @@ def quantize(
     smooth_quant: bool = True,
     fast_bias_correction: bool = True,
     progress: bool = False,
+    static: bool = True,
+    weights: Sequence[str | os.PathLike] = (),
 ):
     """NNCF int8 post-training quantisation of an ``openvino.Model`` on recorded U-Net inputs.
 
@@ -97,7 +138,12 @@ def quantize(
         exclude: node-name regexes kept in float (NNCF ``IgnoredScope`` patterns).
         smooth_quant: SmoothQuant (Xiao et al. 2023, eq. 4: per-channel s_j = max|X_j|^α / max|W_j|^(1-α))
             on MatMuls with NNCF's transformer alpha; ``False`` disables it.
-        progress: NNCF's own progress bars.
+        progress: NNCF's own progress bars (fastdiff shows a bar per statistics pass either way).
+        static: when every record has the same input shapes, calibrate a copy reshaped to them
+            (:func:`static_for_calibration`) and give the quantised model back its dynamic axes.
+        weights: the memory-mapped files ``model`` was read from (an IR's ``.bin``, see
+            :func:`fastdiff.engines.mapped.weight_files`): while NNCF runs, their resident pages are
+            given back once the CPU plugin holds its own packed copy (:mod:`fastdiff.engines.mapped`).
     """
     require_openvino("OpenVINO int8 quantisation", nncf=True)
     import nncf
@@ -107,7 +153,14 @@ def quantize(
     )
 
     input_names = [p.get_friendly_name() for p in model.get_parameters()]
-    dataset = nncf.Dataset(calibration, _transform(input_names))
+    restore = None
+    if static:
+        shapes = record_shapes(calibration, input_names)
+        if shapes is not None and set(shapes) == set(input_names):
+            model = model.clone()  # the caller's model keeps its axes (constants are shared, not copied)
+            restore = static_for_calibration(model, shapes)
+    records = _Progress(calibration, int(num_records), "fastdiff NNCF statistics")
+    dataset = nncf.Dataset(records, _transform(input_names))
     # fastdiff's exclusions are re.search regexes; NNCF anchors its patterns (re.match), so resolve
     # them to exact node names here.
     patterns = [re.compile(p) for p in exclude]
@@ -122,15 +175,21 @@ def quantize(
     )
     if not progress:
         nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
-    return nncf.quantize(
-        model,
-        dataset,
-        subset_size=int(num_records),
-        model_type=nncf.ModelType.TRANSFORMER,
-        ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
-        fast_bias_correction=fast_bias_correction,
-        advanced_parameters=advanced,
-    )
+    from .mapped import ReleasingMappedPages
+
+    with ReleasingMappedPages(weights):
+        quantised = nncf.quantize(
+            model,
+            dataset,
+            subset_size=int(num_records),
+            model_type=nncf.ModelType.TRANSFORMER,
+            ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
+            fast_bias_correction=fast_bias_correction,
+            advanced_parameters=advanced,
+        )
+    if restore is not None:
+        quantised.reshape(restore)
+    return quantised
 
 
 def quantised_layers(model) -> set[str]:
