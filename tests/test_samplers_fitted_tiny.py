@@ -42,12 +42,20 @@ def test_fitted_schedule_round_trips_through_save_pretrained(tiny, tmp_path):
 
     size = tiny.unet.config.sample_size
     cal = torch.randn(2, 4, size, size, generator=torch.Generator().manual_seed(1))
+    # fitted with UniPC's bh1 (the better variant at 8 NFE on the guided mixture): the option must travel too
     sig = fit_schedule(
-        guided_model(tiny), cal, 4, "unipc", like=tiny.scheduler, reference_steps=12, max_evals=6
+        guided_model(tiny),
+        cal,
+        4,
+        "unipc",
+        like=tiny.scheduler,
+        reference_steps=12,
+        max_evals=6,
+        solver_type="bh1",
     )
     assert len(sig) == 5 and sig[-1] == 0.0 and all(a > b for a, b in zip(sig, sig[1:]))
 
-    tiny.scheduler = make_scheduler("unipc", like=tiny.scheduler, schedule=sig)
+    tiny.scheduler = make_scheduler("unipc", like=tiny.scheduler, schedule=sig, solver_type="bh1")
     run = lambda pipe: (
         pipe(
             PROMPTS[0],
@@ -67,6 +75,7 @@ def test_fitted_schedule_round_trips_through_save_pretrained(tiny, tmp_path):
     loaded = StableDiffusionPipeline.from_pretrained(tmp_path / "pipe")
     loaded.set_progress_bar_config(disable=True)
     assert isinstance(loaded.scheduler, FastScheduler) and loaded.scheduler.config.sampler == "unipc"
+    assert loaded.scheduler.config.solver_type == "bh1"
     after = run(loaded)
     assert torch.equal(before, after)
     # the loaded scheduler visits exactly the fitted noise levels, and a different step count is refused

@@ -31,7 +31,7 @@ import torch
 from .ddim import ddim_update, euler_update
 from .dpm_solver import dpmpp_sde_update, dpmpp_update
 from .lcm import lcm_denoised, lcm_update
-from .unipc import unipc_correct, unipc_predict
+from .unipc import SOLVER_TYPES, unipc_correct, unipc_predict
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ SAMPLERS: dict[str, SamplerInfo] = {
         SamplerInfo("dpmpp_2m", "DPM-Solver++(2M) (Lu et al. 2022, alg. 2)", 3, 2, "auto", False),
         SamplerInfo("dpmpp_3m", "DPM-Solver++(3M) multistep", 3, 3, "auto", False, 15),
         SamplerInfo("dpmpp_2m_sde", "SDE-DPM-Solver++(2M) (Lu et al. 2022)", 2, 2, "auto", True, 20),
-        SamplerInfo("unipc", "UniPC-p with UniC corrector, B(h)=bh2 (Zhao et al. 2023)", 3, 2, "auto", False),
+        SamplerInfo(
+            "unipc", "UniPC-p with UniC corrector, B(h) bh2|bh1 (Zhao et al. 2023)", 3, 2, "auto", False
+        ),
         SamplerInfo("lcm", "LCM multistep (Luo et al. 2023, alg. 1)", 1, 1, "lcm", True),
     )
 }
@@ -81,6 +83,7 @@ class SolverState:
         eta: float = 0.0,
         final_step: str = "denoised",
         timestep_scaling: float = 10.0,
+        solver_type: str = "bh2",
     ):
         if name not in SAMPLERS:
             raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(SAMPLERS)}")
@@ -92,6 +95,8 @@ class SolverState:
             raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {final_step!r}")
         if eta < 0:
             raise ValueError(f"eta must be >= 0, got {eta}")
+        if solver_type not in SOLVER_TYPES:
+            raise ValueError(f"solver_type (UniPC's B(h)) must be one of {SOLVER_TYPES}, got {solver_type!r}")
         self.name = name
         self.sigmas = [float(s) for s in sigmas]
         self.n = len(self.sigmas) - 1
@@ -101,6 +106,7 @@ class SolverState:
         self.eta = eta
         self.final_step = final_step
         self.timestep_scaling = timestep_scaling
+        self.solver_type = solver_type
         self.denoised_hist: list[torch.Tensor] = []  # newest first
         self.sigma_hist: list[float] = []
         self.last_x: torch.Tensor | None = None  # UniPC: state the last predictor started from
@@ -145,7 +151,13 @@ class SolverState:
         if name == "unipc" and self.use_corrector and self.last_x is not None and i > 0:
             # UniC: refine the state the model was just evaluated at, reusing that evaluation.
             x = unipc_correct(
-                self.last_x, self.denoised_hist, self.sigma_hist, sigma, denoised, self.last_order
+                self.last_x,
+                self.denoised_hist,
+                self.sigma_hist,
+                sigma,
+                denoised,
+                self.last_order,
+                self.solver_type,
             )
         if name == "lcm":
             denoised = lcm_denoised(x, denoised, sigma, float(timestep), self.timestep_scaling)
@@ -169,7 +181,9 @@ class SolverState:
             x_next = dpmpp_sde_update(x, self.denoised_hist, self.sigma_hist, sigma_next, order, noise_fn())
         elif name == "unipc":
             self.last_x, self.last_order = x, order
-            x_next = unipc_predict(x, self.denoised_hist, self.sigma_hist, sigma_next, order)
+            x_next = unipc_predict(
+                x, self.denoised_hist, self.sigma_hist, sigma_next, order, self.solver_type
+            )
         else:  # lcm
             x_next = lcm_update(denoised, sigma_next, noise_fn())
         return x_next, denoised

@@ -13,6 +13,7 @@ import torch
 
 from .core import FINAL_STEPS, SAMPLERS
 from .schedules import NAMED_SCHEDULES
+from .unipc import SOLVER_TYPES
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 
@@ -60,6 +61,9 @@ def validate_options(sampler: str, **o) -> None:
                 f"schedule must be a name ({', '.join(NAMED_SCHEDULES)}) or a non-empty 1-D list/tensor of "
                 f"sigmas (float) or timesteps (int), got {schedule!r}"
             )
+    solver_type = o.get("solver_type", "bh2")
+    if solver_type not in SOLVER_TYPES:
+        raise ValueError(f"solver_type (UniPC's B(h)) must be one of {SOLVER_TYPES}, got {solver_type!r}")
     if o["schedule_kind"] not in (None, "sigmas", "timesteps"):
         raise ValueError(f"schedule_kind must be None, 'sigmas' or 'timesteps', got {o['schedule_kind']!r}")
     for flag in ("fractional_timesteps", "lower_order_final", "use_corrector"):
@@ -90,6 +94,8 @@ def validate_options(sampler: str, **o) -> None:
         ignored.append(f"eta={o['eta']!r} applies only to sampler 'ddim'")
     if o["use_corrector"] is not True and sampler != "unipc":
         ignored.append(f"use_corrector={o['use_corrector']!r} applies only to sampler 'unipc'")
+    if solver_type != "bh2" and sampler != "unipc":
+        ignored.append(f"solver_type={solver_type!r} applies only to sampler 'unipc'")
     if o["lower_order_final"] is not True and info.max_order == 1:
         ignored.append(
             f"lower_order_final={o['lower_order_final']!r} applies only to the multistep samplers "

@@ -81,6 +81,7 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
         steps_offset: int = 0,
         original_inference_steps: int = 50,
         timestep_scaling: float = 10.0,
+        solver_type: str = "bh2",
     ):
         validate_options(
             sampler,
@@ -96,6 +97,7 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
             rho=rho,
             original_inference_steps=original_inference_steps,
             timestep_scaling=timestep_scaling,
+            solver_type=solver_type,
         )
         self.noise_schedule = NoiseSchedule(
             training_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas)
@@ -204,6 +206,7 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
             eta=cfg.eta,
             final_step=cfg.final_step,
             timestep_scaling=cfg.timestep_scaling,
+            solver_type=cfg.solver_type,
         )
         self._step_index = None
         self._begin_index = None
@@ -402,6 +405,7 @@ OPTIONS = (
     "rho",
     "original_inference_steps",
     "timestep_scaling",
+    "solver_type",
     *INHERITED_KEYS,
 )
 
@@ -425,7 +429,8 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
             fractional_timesteps: give the model ``t(sigma)`` exactly (default True) instead of
                 diffusers' rounded timestep for sigma schedules.
             solver_order: multistep order (dpmpp_2m: 2, dpmpp_3m: 3, unipc: 2 (1..3)).
-            lower_order_final, use_corrector (UniPC), eta (DDIM), final_step ("denoised"/"variance"),
+            lower_order_final, use_corrector and solver_type ("bh2"/"bh1", UniPC's B(h)), eta (DDIM),
+            final_step ("denoised"/"variance"),
             rho (Karras), original_inference_steps / timestep_scaling (LCM), and any inherited key.
     """
     if name not in SAMPLERS:

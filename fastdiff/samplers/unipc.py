@@ -1,7 +1,8 @@
-"""UniPC: unified predictor-corrector (Zhao et al. 2023, alg. 2 "UniPC-p", B(h) = e^h - 1 "bh2").
+"""UniPC: unified predictor-corrector (Zhao et al. 2023, alg. 2 "UniPC-p").
 
 Data-prediction variant in log-SNR ``lambda = -log(sigma)`` (VE sigma).  For a step from
-``s0`` to ``t`` with ``h = lambda_t - lambda_s0``, ``hh = -h``, ``B(h) = expm1(hh)`` and
+``s0`` to ``t`` with ``h = lambda_t - lambda_s0``, ``hh = -h``, ``B(h) = expm1(hh)`` ("bh2", the
+default) or ``B(h) = hh`` ("bh1"; the paper's two choices, sec. 3.3; diffusers' ``solver_type``) and
 previous points ``r_k = (lambda_{s_k} - lambda_s0) / h``, ``D1_k = (m_k - m0) / r_k``:
 
 UniP-p (predictor, eq. 9)::
@@ -15,7 +16,9 @@ UniC-p (corrector, eq. 10), run once the model has been evaluated at the predict
 
 The ``rho`` solve ``R rho = b`` with ``R_ik = r_k^(i-1)`` and ``b_i = i! phi_{i+1}(hh) / B(h)``
 (``phi`` the exponential-integrator functions, alg. 2 lines 3-8).  Order 2 of the predictor and
-order 1 of the corrector use the closed forms ``rho = 1/2``.
+order 1 of the corrector use the closed forms ``rho = 1/2``.  ``B(h)`` cancels wherever ``rho`` is
+solved for, so the variant matters only through those closed forms: the predictor's second-order
+difference term and the first-order corrector scale with ``B(h)``.
 """
 
 from __future__ import annotations
@@ -31,13 +34,18 @@ def _lam(sigma: float) -> float:
     return -math.log(sigma)
 
 
-def _unipc_coefficients(sigmas: Sequence[float], sigma_t: float, order: int):
+SOLVER_TYPES = ("bh2", "bh1")
+
+
+def _unipc_coefficients(sigmas: Sequence[float], sigma_t: float, order: int, solver_type: str = "bh2"):
     """Return ``(h, phi_1, B_h, rks[order-1], b[order])`` for the step ``sigmas[0] -> sigma_t``."""
     lam0 = _lam(sigmas[0])
     h = _lam(sigma_t) - lam0
     hh = -h
     h_phi_1 = math.expm1(hh)
-    b_h = math.expm1(hh)  # bh2
+    if solver_type not in SOLVER_TYPES:
+        raise ValueError(f"UniPC solver_type must be one of {SOLVER_TYPES}, got {solver_type!r}")
+    b_h = math.expm1(hh) if solver_type == "bh2" else hh
     rks = [(_lam(sigmas[k]) - lam0) / h for k in range(1, order)]
     b = []
     h_phi_k = h_phi_1 / hh - 1.0
@@ -55,9 +63,10 @@ def unipc_predict(
     sigmas: Sequence[float],
     sigma_next: float,
     order: int,
+    solver_type: str = "bh2",
 ) -> torch.Tensor:
     """UniP-``order`` predictor; ``denoised[k]``/``sigmas[k]`` are ``k`` steps back; ``sigma_next > 0``."""
-    _, h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas, sigma_next, order)
+    _, h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas, sigma_next, order, solver_type)
     m0 = denoised[0]
     out = (sigma_next / sigmas[0]) * x - h_phi_1 * m0
     if order == 1:
@@ -78,6 +87,7 @@ def unipc_correct(
     sigma: float,
     denoised: torch.Tensor,
     order: int,
+    solver_type: str = "bh2",
 ) -> torch.Tensor:
     """UniC-``order`` corrector of the step ``sigmas_prev[0] -> sigma``.
 
@@ -85,7 +95,7 @@ def unipc_correct(
     x0-predictions ``k`` steps before ``sigma``'s step, ``denoised`` the model's x0-prediction
     at the predicted state at ``sigma``.  Returns the corrected state at ``sigma``.
     """
-    _, h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas_prev, sigma, order)
+    _, h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas_prev, sigma, order, solver_type)
     m0 = denoised_prev[0]
     out = (sigma / sigmas_prev[0]) * x_prev - h_phi_1 * m0
     if order == 1:
