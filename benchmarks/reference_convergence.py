@@ -16,12 +16,12 @@ the same noise". This script solves the same initial-value problems (same prompt
   two settings that decide the question (run last, if lock time allows).
 * solvers (fastdiff's ``make_scheduler``, fractional timesteps; every schedule starts at t=999, sigma 14.6,
   and ends at sigma_min = 0.029 before the final step to sigma = 0): DPM-Solver++(2M) Karras 100 / 200 and
-  DPM-Solver++(3M) Karras 200 (third order); with ``--extra`` also 2M Karras 400 and 2M with the exponential
-  schedule (uniform in log-sigma, i.e. uniform log-SNR) at 400 (control), 3M Karras 200 (cache). Each run
-  gives two images from one trajectory: the final step ``"denoised"`` (x0 read-out at sigma_min, the default
-  and what the benchmarks use) and ``"variance"`` (``(x + D) / 2``, an Euler step in sigma^2, see
-  ``fastdiff/samplers/core.py``); the denoised one is the x0 of the last tick (checked against a separate
-  run at start-up).
+  DPM-Solver++(3M) Karras 200 (third order) on the control setup, 2M Karras 100 / 200 on the cache setup;
+  with ``--extra`` also 2M Karras 400 and 2M with the exponential schedule (uniform in log-sigma, i.e.
+  uniform log-SNR) at 400 (control), 3M 200 (cache). Each run gives two images from one trajectory: the
+  final step ``"denoised"`` (x0 read-out at sigma_min, the default and what the benchmarks use) and
+  ``"variance"`` (``(x + D) / 2``, an Euler step in sigma^2, see ``fastdiff/samplers/core.py``); the
+  denoised one is the x0 of the last tick (checked against a separate run at start-up).
 * cache setup only: diffusers' scheduler as step_cache.py builds it (leading) at 30 / 50 / 100 steps, and
   with ``timestep_spacing="trailing"`` at 30 / 50 (every step count starts at t=999).
 * sensitivity: the noise perturbed by 1e-3 of its norm (a fresh Gaussian direction per image, seed 77 + i),
@@ -61,7 +61,7 @@ BAR_DB = 30.0  # the goals' quality bar
 CONVERGED_DB = 40.0  # agreement that makes a reference's own error negligible against BAR_DB
 PERTURB = 1e-3  # relative size of the noise perturbation
 # (sampler, schedule, steps): each yields "<sampler> <schedule> <steps>" and the same + " +variance"
-SOLVER_RUNS = {  # in priority order; EXTRA_RUNS only with --extra (lock time)
+SOLVER_RUNS = {  # in priority order; EXTRA_RUNS only with --extra (lock time on a shared 2-core machine)
     "control": [("dpmpp_2m", "karras", 100), ("dpmpp_2m", "karras", 200), ("dpmpp_3m", "karras", 200)],
     "cache": [("dpmpp_2m", "karras", 100), ("dpmpp_2m", "karras", 200)],
     "dynamic": [("dpmpp_2m", "karras", 100), ("dpmpp_2m", "karras", 200)],
@@ -406,9 +406,10 @@ def main():
     ap.add_argument(
         "--extra", action="store_true", help="also the EXTRA_RUNS (400-step and other-schedule runs)"
     )
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--report", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
     log = lambda m: print(m, flush=True)  # noqa: E731
     for s in args.setup:
         log(f"uptime before {s}: {os.getloadavg()}")
