@@ -102,6 +102,12 @@ DECISION = [
     "or step-count effect: no method run on the leading schedule can reach 30 dB on every image against any "
     "single converged reference. Switching step_cache's methods to trailing spacing is the fix (not done here: "
     "step_cache.py is owned by the `gap` helper; only its reference call was changed).",
+    "- Reruns against the converged reference (2026-12-03 16:50-16:57): `results/step_control.md` tiny part: "
+    "fixed 30 steps 37.5 dB worst (32.8 against 100 steps), fixed 20 24.5 dB (26.5), FastForward 32.7 dB at "
+    "25.1 NFE, AdaptiveScheduler 20.3 dB at 20.6 NFE: #12 G2 (<= 18 mean NFE at >= 30 dB worst) stays **not "
+    "met**; fixed schedules' worst image is not monotone in the step count (25: 24.1, 28: 38.6, 29: 26.7, 30: "
+    "37.5 dB), a discretisation sensitivity, not noise sensitivity. `results/step_cache-dynamic.json`: the "
+    "uncached leading 50-step run is 14.7 dB worst against it; #13 goal 3 stays **not met**.",
     "- `dynamic` (dynamic_steps' 72 images): not run (lock time). Its non-monotone worst image (20 steps 23.9 dB, "
     "25 steps 20.6 dB against 100 steps) fits a 100-step reference that is itself off on some images, as on "
     "image 4 here; dynamic_steps.py now builds the converged reference but its results file was not rerun.",
