@@ -2,7 +2,9 @@
 """Auto steps and LCM draft + refine on fastdiff-tiny, each against the best fixed schedule of equal NFE.
 
 Everything on fastdiff-tiny uses the shipped weights, guidance 5 and per-image seeds; fidelity is the PSNR of
-each decoded image against a **100-step DPM-Solver++(2M) Karras reference from the same noise** (mean and
+each decoded image against the **converged reference from the same noise** (``benchmarks/_reference.py``: 200
+steps of DPM-Solver++(2M) Karras, ``final_step="variance"``; the 100-step run used before is not converged on
+every image, ``results/reference_convergence.md``) (mean and
 worst image, never pooled), beside attribute accuracy (``fastdiff.metrics``). Runs go through
 ``fastdiff.sweep`` (resumable folders under ``--cache``; the reference is computed once per folder).
 
@@ -53,6 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
+from benchmarks._reference import reference_config as _converged_reference  # noqa: E402
 from fastdiff.dynamic import step_calibration as cal  # noqa: E402
 from fastdiff.dynamic.auto_steps import high_frequency_energy, prompt_tier, x0_contrast  # noqa: E402
 
@@ -60,7 +63,7 @@ NAME = "dynamic_steps"
 GUIDANCE = 5.0
 THRESHOLD_DB = 30.0
 NEED_GRID = [8, 10, 12, 13, 16, 20, 25]
-REFERENCE = "reference dpmpp_2m karras 100"
+REFERENCE = _converged_reference()["name"]
 LCM = "fastdiff-tiny:lcm"
 DRAFT_STEPS = 4
 # (main schedule length, strength) pairs whose refinement is 9 (6) steps: 4 + 9 = 13 (4 + 6 = 10) NFE
@@ -112,7 +115,7 @@ def _spec(prompts: dict, seeds: list[int], configs: list[dict]) -> dict:
 
 
 def reference_config() -> dict:
-    return {"name": REFERENCE, "sampler": "dpmpp_2m", "schedule": "karras", "steps": 100}
+    return _converged_reference()
 
 
 def fixed_configs() -> list[dict]:
@@ -300,7 +303,7 @@ def calibrate(cache: Path, signal: str = "best") -> dict:
         "tiers": tiers,
         "meta": {
             "psnr_target_db": THRESHOLD_DB,
-            "reference": "100-step DPM-Solver++(2M) Karras, same noise",
+            "reference": f"{REFERENCE}, same noise",
             "candidates": NEED_GRID,
             "chosen_signal": best,
             "dropped": DROPPED if signal == "none" else None,
@@ -327,7 +330,7 @@ def write_table(table: dict) -> None:
         "calibrate``).\n\n"
         "``signal``: what AutoSteps reads after ``probe_steps`` steps of the 8-step schedule; for each prompt\n"
         "tier, [(upper bound of the signal, steps), ...]: the most steps any calibration image in that bin (or a\n"
-        "lower one) needed to reach ``psnr_target_db`` against its 100-step reference. ``meta`` records the\n"
+        "lower one) needed to reach ``psnr_target_db`` against its reference (``meta``). ``meta`` records the\n"
         "rank correlation of every candidate signal with that need (see ``results/dynamic_steps.md``).\n"
         '"""\n\nimport math\n\n'
         f"TABLE = {body}\n"
@@ -438,7 +441,7 @@ def report(cache: Path, load: str) -> None:
         finite = [n for n in needs if math.isfinite(n)]
         data["heldout_need"] = {"spearman": rho, "needs": needs}
         lines = [
-            f"Need = fewest of {NEED_GRID} steps reaching {THRESHOLD_DB:g} dB against the image's 100-step reference "
+            f"Need = fewest of {NEED_GRID} steps reaching {THRESHOLD_DB:g} dB against the image's reference ({REFERENCE}) "
             f"({len(records)} held-out images; {len(needs) - len(finite)} reached it at no candidate). Oracle mean "
             f"need (every image at >= {THRESHOLD_DB:g} dB, unreached counted as 30): "
             f"{np.mean([min(n, 30) for n in needs]):.2f} steps. Distribution: "
@@ -538,7 +541,7 @@ def report(cache: Path, load: str) -> None:
         "fastdiff-tiny, shipped weights, guidance 5, 72 held-out prompt combinations (colour pairs never trained on); "
         "the draft comparison uses 2 seeds each (1000 + i, 5000 + i: 144 images), the step grid and auto steps the "
         "first seed (72 images, for the time budget); batches of 24, fp32 CPU, run by fastdiff.sweep. PSNR per image "
-        "(data range 1) against the 100-step DPM-Solver++(2M) Karras image from the same noise; worst = worst image. "
+        f"(data range 1) against the {REFERENCE} image from the same noise (benchmarks/_reference.py); worst = worst image. "
         "attr all = shape colour, background colour and shape all read right by fastdiff.metrics. NFE counts U-Net "
         "calls per image (a classifier-free-guidance pair counts once; the LCM student embeds guidance, so its calls "
         "are single rows). Wall times on a shared 2-core machine are indicative only."
