@@ -301,15 +301,25 @@ def test_planned_schedule_minimises_staleness_cost():
     assert plan_refresh(prof, 2, 1) == [0, 1]
 
 
-def test_measure_profile_times_each_step_replayed_alone(pipe):
+def test_measure_profile_prices_every_gap_on_the_images(pipe):
     ref = _run_pipe(pipe, steps=4, guidance_scale=3.0)
     prof = measure_profile(
         pipe, ["a red cat"], num_inference_steps=4, seed=0, guidance_scale=3.0, height=32, width=32
     )
-    assert prof.source == "sensitivity" and len(prof.weight) == 4
-    assert prof.weight[0] == 0 and prof.weight[-1] == 0 and all(w > 0 for w in prof.weight[1:-1])
     assert not installed.installations(pipe)
     assert torch.equal(_run_pipe(pipe, steps=4, guidance_scale=3.0), ref)
+    assert prof.source == "sensitivity" and len(prof.weight) == 4 and prof.weight[0] == prof.weight[-1] == 0
+    # each gap by hand: an explicit schedule, the image MSE against the uncached run
+    for a, b in ((0, 2), (1, 3), (0, 3)):
+        step_cache(pipe, mode="schedule", refresh=[s for s in range(4) if not a < s < b])
+        img = _run_pipe(pipe, steps=4, guidance_scale=3.0)
+        installed.undo_all(pipe)
+        mse = float((img.double() - ref.double()).square().mean())
+        assert mse > 0
+        assert prof.gap_cost[a][b - a - 1] == pytest.approx(mse, rel=1e-6)
+        if b == a + 2:
+            assert prof.weight[a + 1] == pytest.approx(mse, rel=1e-6)
+    assert all(prof.gap_cost[a][0] == 0 for a in range(4))
 
 
 def test_gated_cross_attention_replays_the_gate_step(unet):
