@@ -1,25 +1,31 @@
 """Which steps refresh the cache: the uniform rule, and a schedule planned from a measured step profile.
 
-A :class:`StepProfile` prices replaying stale features. Its measured form (:func:`.profile.measure_profile`)
-holds a **gap cost** ``G[a, c]``: the mean squared change of the decoded images (against the uncached run,
-train prompts) when the ``c`` steps after a full step ``a`` replay its features and every other step runs in
-full, for every ``a`` and ``c`` of a short calibration run. :func:`plan_refresh` chooses the full steps
-(first and last included, a fixed budget, no gap longer than a bound) that minimise the summed cost of
-their gaps by dynamic programming; squared errors of separate gaps add when they are independent, so the
-sum estimates the plan's mean squared error.
+A :class:`StepProfile` prices replaying stale features. Its default measured form
+(:func:`.profile.measure_profile`) gives each step a weight ``w_k``: the relative change of the final
+latents when only step ``k`` replays step ``k-1``'s features. Staleness grows with the distance to the last
+refresh, so a gap of cached steps after a refresh at ``r`` costs ``sum_k w_k (k - r)``; :func:`plan_refresh`
+chooses the full steps (first and last included, a fixed budget) that minimise the total by dynamic
+programming, **with no gap longer than** :func:`default_max_gap`: the larger of the uniform gap and a third
+of the run.
 
-Why a measured gap cost, and why in image space (``benchmarks/results/step_cache-plan.json``, train
-prompts): the earlier planner priced a gap as ``sum_k w_k (k - r)``, from single-step sensitivities ``w_k``
-of the final *latents*. Measured directly, longer gaps do not follow any one power of the distance, and at
-4 full steps of 10 it chose ``0, 1, 3, 9`` (one long gap), which broke images that DeepCache's ``0, 3, 6, 9``
-keeps. The matrix also shows the latent norm mis-ranking those plans against the image metric, so the cost
-is measured on decoded images, the quantity the goal is judged on.
+Why the bound (#13; ``benchmarks/results/step_cache-plan.json``, train prompts only): the single-step
+weights cannot see that one long stretch on old features breaks images. With 4 full evaluations the
+unbounded planner chose ``0, 1, 3, 9`` of 10 and ``0, 2, 6, 19`` of 20 (gaps of 2/3 of the run): worst
+image 8.1 and 6.5 dB against DeepCache's 14.5 and 11.6 dB; every plan tried with a gap over half the run
+lost to DeepCache on the worst image, while at 50 steps with 10 and 17 full evaluations (longest gap under
+1/5 of the run) the same planner gained on the mean and on the worst image (at 25 full DeepCache was ahead
+by about 1 dB). A third of the run is the uniform gap at 4 full evaluations, so the bound only acts at
+such small budgets and leaves larger budgets to the weights.
 
-Other step counts: a gap of ``c`` replayed steps after step ``r`` of an ``n``-step run covers progress
-``r / (n-1)`` to ``(r + c) / (n-1)``; its cost is ``G`` interpolated bilinearly at (start, replayed span) on
-the calibration grid, zero for no replayed step. Profiles without a measured ``gap_cost`` (hand-made, or the
-``"drift"`` profile: relative change of the cached feature between consecutive full steps, Block Caching,
-Wimbauer et al., CVPR 2024, Sec. 4.1) price a gap as ``sum_k w_k (k - r)`` from their per-step weights.
+Tried and not the default: the cost of every whole gap measured on decoded images
+(:func:`.profile.measure_gaps`, carried as ``gap_cost`` and interpolated bilinearly in (start, replayed
+span) progress for other step counts). It avoided the long gap at 4 of 20 but at 50 steps it put the
+refreshes into the first steps and lost to the single-step planner at every 50-step budget (and to
+DeepCache on the mean) on the same train prompts: the first calibration step's cost does not transfer to
+finer step grids. The
+``"drift"`` profile (relative change of the cached feature between consecutive full steps; Block Caching,
+Wimbauer et al., CVPR 2024, Sec. 4.1) is largest at the end of sampling, where stale features harm the
+image least, so it plans worse on fastdiff-tiny (kept for comparison).
 """
 
 from __future__ import annotations
@@ -77,12 +83,13 @@ def uniform_full(step: int, interval: int) -> bool:
 
 
 def default_max_gap(num_steps: int, num_full: int) -> int:
-    """Longest refresh-to-refresh distance :func:`plan_refresh` allows by default: twice the uniform one.
+    """Longest refresh-to-refresh distance :func:`plan_refresh` allows by default.
 
-    A safety bound, not the planner's main guard (the measured gap cost is): it keeps any profile, measured
-    or hand-made, from leaving one stretch of the run on features refreshed far back.
+    ``max(ceil((n - 1) / (m - 1)), floor((n - 1) / 3))``: never less than the uniform gap (so a plan
+    exists), and no stretch longer than a third of the run on one refresh (see the module docstring).
     """
-    return 2 * math.ceil((num_steps - 1) / max(1, num_full - 1))
+    n, m = num_steps, max(2, num_full)
+    return max(math.ceil((n - 1) / (m - 1)), (n - 1) // 3)
 
 
 def _measured_costs(profile: StepProfile, n: int) -> np.ndarray:
