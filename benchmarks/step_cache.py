@@ -881,7 +881,7 @@ def merge() -> None:
         ):
             md.append(
                 "Schedule rows of this part were planned by the previous planner (single-step latent "
-                "sensitivities, cost linear in the distance, no gap bound), before #13's gap-cost fix.\n"
+                "sensitivities, cost linear in the distance, no gap bound), before #13's gap bound.\n"
             )
         skip = (
             "reasons",
