@@ -130,10 +130,12 @@ def _generate(pipe, prompts, steps, call=None, **kw):
     return out.images.float(), time.perf_counter() - t0
 
 
-def _measure_profile(pipe, smoke: bool) -> tuple[object, float]:
-    """Sensitivity profile (10-step runs) and the adaptive signal summed over a 50-step run, on train prompts."""
+def _measure_profile(pipe, smoke: bool, signal: bool = True) -> tuple[object, float | None]:
+    """Gap-cost profile (10-step runs) and the adaptive signal summed over a 50-step run, on train prompts."""
     prompts = _train_prompts(6)
     prof = measure_profile(pipe, prompts, 5 if smoke else 10, guidance_scale=GUIDANCE, seed=500)
+    if not signal:
+        return prof, None
     steps = 10 if smoke else 50
     h = step_cache(pipe, mode="adaptive", threshold=1e9, max_skip=1)  # every other step full: records signals
     _generate(pipe, prompts, steps)
@@ -143,7 +145,37 @@ def _measure_profile(pipe, smoke: bool) -> tuple[object, float]:
     return prof, signal_sum
 
 
-def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
+def _gains(rows: list[dict]) -> None:
+    """Per-image PSNR gain of each equal-cost row over the DeepCache row with the same full evaluations."""
+    for r in rows:
+        tag = r.get("method", "")
+        if "(= DeepCache i=" not in tag or "per_image_psnr_vs_uncached" not in r:
+            continue
+        i = tag.split("(= DeepCache i=")[1].rstrip(")")
+        dc = next(
+            (d for d in rows if d.get("steps") == r["steps"] and d.get("method") == f"DeepCache i={i} b=0"),
+            None,
+        )
+        if dc is None or "per_image_psnr_vs_uncached" not in dc:
+            continue
+        a, b = r["per_image_psnr_vs_uncached"], dc["per_image_psnr_vs_uncached"]
+        g = sorted(x - y for x, y in zip(a, b))
+        r["gain_vs_deepcache"] = {
+            "full_evals_equal": r["full_evals"] == dc["full_evals"],
+            "mean_gain_db": round(sum(g) / len(g), 2),
+            "worst_image_gain_db": round(min(a) - min(b), 2),
+            "paired_min_db": round(g[0], 2),
+            "paired_median_db": round(
+                g[len(g) // 2] if len(g) % 2 else (g[len(g) // 2 - 1] + g[len(g) // 2]) / 2, 2
+            ),
+            "paired_max_db": round(g[-1], 2),
+            "images_gaining_2db": f"{sum(x >= 2 for x in g)}/{len(g)}",
+            "images_losing": f"{sum(x < 0 for x in g)}/{len(g)}",
+        }
+
+
+def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool, goal1: bool = False) -> dict:
+    """All rows, or (``goal1``) only goal 1's equal-cost rows: DeepCache, the planner, the previous planner."""
     from DeepCache import DeepCacheSDHelper
 
     from fastdiff.metrics import score
@@ -151,7 +183,8 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
     pipe = _tiny_pipe()
     prompts, attrs = _heldout(n_prompts)
     meter = UNetMeter(pipe.unet)
-    profile, signal_sum = _measure_profile(pipe, smoke)
+    profile, signal_sum = _measure_profile(pipe, smoke, signal=not goal1)
+    previous = _previous_profile(pipe, _train_prompts(6), 5 if smoke else 10, 500) if goal1 else None
     ref, _ = _generate(pipe, prompts, 10 if smoke else REF_STEPS)
     rows = []
 
@@ -173,6 +206,7 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
             "psnr_vs_100_mean": round(float(p_ref.mean()), 2),
             "psnr_vs_100_min": round(float(p_ref.min()), 2),
             "attr_all": round(acc["all"], 3),
+            "per_image_psnr_vs_uncached": None if base is images else [round(float(x), 2) for x in p_unc],
             "load": os.getloadavg()[0],
         }
         row.update(extra or {})
@@ -184,34 +218,61 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
         base, e2e = _generate(pipe, prompts, steps)
         record("uncached", steps, base, e2e, base)
         intervals = [2, 3, 5] if steps >= 20 else [2, 3]
+        if goal1 and steps >= 50:
+            intervals = [2, 3, 4, 5]  # interval 4 (13 full of 50) also meets goal 1's 2.5x
         gate = max(1, round(0.4 * steps))
         configs = []
-        for i in intervals:
-            configs.append((f"fastdiff uniform i={i} b=0", dict(mode="uniform", interval=i, branch=0)))
-        for i in intervals:
+        if goal1:
+            for i in intervals:  # the previous planner only where its plan differs (no gap bound)
+                n_dc = len(range(0, steps, i))
+                plan, old = (
+                    plan_refresh(profile, steps, n_dc),
+                    plan_refresh(previous, steps, n_dc, max_gap=steps - 1),
+                )
+                configs.append(
+                    (
+                        f"fastdiff schedule {n_dc} full (= DeepCache i={i})",
+                        dict(mode="schedule", refresh=plan),
+                    )
+                )
+                if old != plan:
+                    configs.append(
+                        (
+                            f"previous planner {n_dc} full (= DeepCache i={i})",
+                            dict(mode="schedule", refresh=old),
+                        )
+                    )
+        else:
+            for i in intervals:
+                configs.append((f"fastdiff uniform i={i} b=0", dict(mode="uniform", interval=i, branch=0)))
+            for i in intervals:
+                configs.append(
+                    (f"fastdiff schedule i={i} b=0", dict(mode="schedule", refresh=profile, interval=i))
+                )
+            for i in intervals[1:]:
+                m = math.ceil(steps / i)
+                configs.append(
+                    (f"fastdiff adaptive ~i={i} b=0", dict(mode="adaptive", threshold=signal_sum / m))
+                )
+            for (
+                i
+            ) in intervals:  # goal 1 "at the same speed-up": exactly DeepCache's number of full evaluations
+                n_dc = len(range(0, steps, i))
+                configs.append(
+                    (
+                        f"fastdiff schedule {n_dc} full (= DeepCache i={i})",
+                        dict(mode="schedule", refresh=plan_refresh(profile, steps, n_dc)),
+                    )
+                )
             configs.append(
-                (f"fastdiff schedule i={i} b=0", dict(mode="schedule", refresh=profile, interval=i))
+                (f"fastdiff gate {gate} +uncond", dict(mode="off", gate_step=gate - 1, gate_uncond=True))
             )
-        for i in intervals[1:]:
-            m = math.ceil(steps / i)
-            configs.append((f"fastdiff adaptive ~i={i} b=0", dict(mode="adaptive", threshold=signal_sum / m)))
-        for i in intervals:  # goal 1 "at the same speed-up": exactly DeepCache's number of full evaluations
-            n_dc = len(range(0, steps, i))
             configs.append(
                 (
-                    f"fastdiff schedule {n_dc} full (= DeepCache i={i})",
-                    dict(mode="schedule", refresh=plan_refresh(profile, steps, n_dc)),
+                    f"fastdiff schedule i=3 + gate {gate} +uncond",
+                    dict(mode="schedule", refresh=profile, interval=3, gate_step=gate - 1, gate_uncond=True),
                 )
             )
-        configs.append(
-            (f"fastdiff gate {gate} +uncond", dict(mode="off", gate_step=gate - 1, gate_uncond=True))
-        )
-        configs.append(
-            (
-                f"fastdiff schedule i=3 + gate {gate} +uncond",
-                dict(mode="schedule", refresh=profile, interval=3, gate_step=gate - 1, gate_uncond=True),
-            )
-        )
         for name, opts in configs:
             h = step_cache(pipe, **opts)
             meter.reset()
@@ -244,6 +305,8 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
                 )
                 traceback.print_exc()
 
+        if goal1:
+            continue
         meter.reset()
         try:
             from tgate import TgateSDLoader
@@ -272,6 +335,25 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
             rows.append({"testbed": "fastdiff-tiny", "steps": steps, "method": "T-GATE", "error": repr(e)})
             traceback.print_exc()
     meter.remove()
+    _gains(rows)
+    if goal1:
+        return {
+            "rows": rows,
+            "planner": "gap-cost",
+            "setup": (
+                f"Goal 1 rows only. fastdiff-tiny (shipped weights), {len(prompts)} held-out prompts (every "
+                f"{max(1, 72 // n_prompts)}th), one seed per prompt, guidance {GUIDANCE}, diffusers "
+                "DPMSolverMultistepScheduler (DPM-Solver++(2M)), one batch of all prompts, "
+                f"{torch.get_num_threads()} torch thread(s). 'fastdiff schedule N full': plan_refresh with the "
+                "single-step sensitivity profile (measure_profile, 6 train-split prompts, 10-step runs) and its "
+                "default gap bound (no gap over max(uniform gap, a third of the run)); 'previous planner N full' "
+                "(only where its plan differs): the same profile without the bound, as before #13's fix. Both spend exactly DeepCache's number of full evaluations (full_evals). "
+                "gain_vs_deepcache: per-image PSNR differences against the DeepCache row of the same cost "
+                "(mean, worst image minus worst image, paired min / median / max, count of images gaining >= 2 "
+                "dB and losing)."
+            ),
+            "profile": {"progress": profile.progress, "weight": profile.weight, "gap_cost": profile.gap_cost},
+        }
     return {
         "rows": rows,
         "setup": (
@@ -285,6 +367,133 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool) -> dict:
             "(both stop guidance from the same step)."
         ),
         "profile": {"progress": profile.progress, "weight": profile.weight, "source": profile.source},
+    }
+
+
+# ------------------------------------------------------------------------------------------------- plan
+def _eval_prompts(n: int) -> list[str]:
+    """Train-split prompts for choosing the planner, none of them a calibration prompt (never held-out ones)."""
+    from fastdiff.tiny.data import sample_attributes
+
+    calib = set(_train_prompts(6))
+    out = []
+    for a in sample_attributes(4 * n, seed=12, split="train"):
+        if a.prompt not in calib and a.prompt not in out:
+            out.append(a.prompt)
+    return out[:n]
+
+
+def _previous_profile(pipe, prompts, n: int, seed: int) -> StepProfile:
+    """The planner input before #13's gap fix: each inner step replayed alone, pooled relative LATENT change."""
+    from fastdiff.caching.profile import _images  # noqa: F401  (same generator seeding as measure_gaps)
+
+    def latents():
+        gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+        out = pipe(
+            prompts, num_inference_steps=n, generator=gens, output_type="latent", guidance_scale=GUIDANCE
+        )
+        return out.images.double()
+
+    h = step_cache(pipe, mode="off")
+    try:
+        ref, weight = latents(), [0.0]
+        for k in range(1, n - 1):
+            h.set("schedule", refresh=[s for s in range(n) if s != k])
+            weight.append(float((latents() - ref).norm() / ref.norm()))
+    finally:
+        installed.undo_all(pipe, "step_cache")
+    return StepProfile(tuple(torch.linspace(0, 1, n).tolist()), tuple(weight + [0.0]))
+
+
+def plan_part(n_prompts: int, smoke: bool) -> dict:
+    """Choose the refresh planner on TRAIN prompts: gap costs measured at 10 steps, plans compared at 10/20/50.
+
+    Calibration on the 6 calibration prompts: :func:`measure_gaps` (every gap of a 10-step run, decoded
+    images) and the previous planner's input (single steps, latents; what measure_profile still measures).
+    Candidates: the previous planner (single-step latent weights, cost linear in the distance, no gap
+    bound), the measured image gap cost without a bound and with a bound of twice the uniform gap. Each runs on other train-split prompts at DeepCache's number of
+    full evaluations, next to DeepCache itself.
+    """
+    import numpy as np
+    from DeepCache import DeepCacheSDHelper
+
+    from fastdiff.caching.profile import measure_gaps, profile_from_gaps
+
+    pipe = _tiny_pipe()
+    n_cal = 5 if smoke else 10
+    calib = _train_prompts(2 if smoke else 6)
+    mse = measure_gaps(pipe, calib, n_cal, seed=500, guidance_scale=GUIDANCE)
+    measured = profile_from_gaps(mse)
+    previous = _previous_profile(pipe, calib, n_cal, 500)
+    planners = {
+        "previous (latent single steps, linear, no bound)": (previous, "none"),
+        "measured image gap cost, no bound": (measured, "none"),
+        "measured image gap cost, bound 2x uniform gap": (measured, "2x"),
+    }
+    prompts = _eval_prompts(n_prompts)
+    rows = []
+    grid = ((6, (3,)),) if smoke else ((10, (3, 2)), (20, (5, 3, 2)), (50, (5, 3, 2)))
+    for steps, intervals in grid:
+        base, _ = _generate(pipe, prompts, steps)
+        seen = {}
+        for i in intervals:
+            n_full = len(range(0, steps, i))
+            helper = DeepCacheSDHelper(pipe=pipe)
+            helper.set_params(cache_interval=i, cache_branch_id=0)
+            helper.enable()
+            try:
+                images, _ = _generate(pipe, prompts, steps)
+            finally:
+                helper.disable()
+            dc = _psnr(images, base)
+            for name, (prof, bound) in planners.items():
+                cap = steps - 1 if bound == "none" else 2 * math.ceil((steps - 1) / (n_full - 1))
+                plan = plan_refresh(prof, steps, n_full, max_gap=cap)
+                if tuple(plan) not in seen:
+                    h = step_cache(pipe, mode="schedule", refresh=plan)
+                    images, _ = _generate(pipe, prompts, steps)
+                    assert sum(r["full"] for r in h.stats.trace) == n_full, h.stats.trace
+                    installed.undo_all(pipe)
+                    seen[tuple(plan)] = _psnr(images, base)
+                p = seen[tuple(plan)]
+                gain = p - dc
+                row = {
+                    "steps": steps,
+                    "full_evals": n_full,
+                    "planner": name,
+                    "refresh_steps": plan,
+                    "psnr_mean": round(float(p.mean()), 2),
+                    "psnr_worst": round(float(p.min()), 2),
+                    "deepcache_mean": round(float(dc.mean()), 2),
+                    "deepcache_worst": round(float(dc.min()), 2),
+                    "gain_mean": round(float(gain.mean()), 2),
+                    "gain_worst_image": round(float(p.min() - dc.min()), 2),
+                    "paired_gain_min": round(float(gain.min()), 2),
+                    "per_image_psnr": [round(float(x), 2) for x in p],
+                    "deepcache_per_image_psnr": [round(float(x), 2) for x in dc],
+                    "load": os.getloadavg()[0],
+                }
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if "per_image" not in k}), flush=True)
+    e = mse.mean(-1)
+    return {
+        "rows": rows,
+        "calibration": {
+            "steps": n_cal,
+            "image_mse_mean_over_prompts": np.round(e, 6).tolist(),
+            "image_mse_worst_prompt": np.round(mse.max(-1), 6).tolist(),
+            "previous_latent_weights": [round(w, 4) for w in previous.weight],
+        },
+        "setup": (
+            f"Planner choice on TRAIN prompts only (no held-out prompt is used here). Calibration: the 6 "
+            f"calibration train prompts (seed 500), {n_cal} DPM-Solver++(2M) steps, guidance {GUIDANCE}: "
+            "measure_gaps (every gap: steps a+1..b-1 replay step a; image MSE against the uncached run) and "
+            "the previous planner's single-step latent sensitivities. Evaluation: "
+            f"{len(prompts)} other train-split prompts, PSNR of each decoded image against the uncached run at "
+            "the same step count; every planner at DeepCache's number of full evaluations, and DeepCache itself "
+            "(gain = planner - DeepCache; gain_worst_image = worst image minus worst image; paired_gain_min = "
+            "the smallest per-image difference)."
+        ),
     }
 
 
@@ -671,7 +880,33 @@ def merge() -> None:
         )
         if part.get("setup"):
             md.append(part["setup"] + "\n")
-        rows = [{k: v for k, v in r.items() if k not in ("reasons", "refresh_steps")} for r in part["rows"]]
+        if (
+            name != "plan"
+            and part.get("planner") != "gap-cost"
+            and any("schedule" in str(r) for r in part["rows"])
+        ):
+            md.append(
+                "Schedule rows of this part were planned by the previous planner (single-step latent "
+                "sensitivities, cost linear in the distance, no gap bound), before #13's gap bound.\n"
+            )
+        skip = (
+            "reasons",
+            "refresh_steps",
+            "per_image_psnr_vs_uncached",
+            "per_image_psnr",
+            "deepcache_per_image_psnr",
+            "gain_vs_deepcache",
+        )
+        rows = []
+        for r in part["rows"]:
+            row = {k: v for k, v in r.items() if k not in skip}
+            g = r.get("gain_vs_deepcache")
+            if g:
+                row["gain vs DeepCache: mean / worst / paired min / median (dB), >= 2 dB"] = (
+                    f"{g['mean_gain_db']} / {g['worst_image_gain_db']} / {g['paired_min_db']} / "
+                    f"{g['paired_median_db']}, {g['images_gaining_2db']}"
+                )
+            rows.append(row)
         md.append(markdown_table(rows) + "\n")
         for r in part["rows"]:
             if r.get("reasons"):
@@ -688,7 +923,7 @@ def merge() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["tiny", "dynamic", "sd15", "sd15e2e", "compile"])
+    ap.add_argument("--part", choices=["tiny", "plan", "dynamic", "sd15", "sd15e2e", "compile"])
     ap.add_argument("--interval", type=int, default=5, help="sd15e2e: DeepCache interval to match")
     ap.add_argument("--steps", default="50", help="tiny part: comma-separated step counts")
     ap.add_argument("--prompts", type=int, default=12)
@@ -696,8 +931,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--small", action="store_true", help="smoke run: 2 prompts, 10 steps")
     ap.add_argument("--merge", action="store_true")
+    ap.add_argument("--goal1", action="store_true", help="tiny part: goal 1's equal-cost rows only")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch threads (1 on a machine oversubscribed by others)"
+    )
     args = ap.parse_args()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(max(1, min(args.threads, os.cpu_count() or 1)))
     if args.merge:
         merge()
         return
@@ -706,9 +945,11 @@ def main() -> None:
     if args.part == "tiny":
         steps = [10] if args.small else [int(s) for s in args.steps.split(",")]
         res, name = (
-            tiny_part(steps, 2 if args.small else args.prompts, args.small),
-            "tiny" + "_".join(map(str, steps)),
+            tiny_part(steps, 2 if args.small else args.prompts, args.small, goal1=args.goal1),
+            ("goal1-tiny" if args.goal1 else "tiny") + "_".join(map(str, steps)),
         )
+    elif args.part == "plan":
+        res, name = plan_part(2 if args.small else args.prompts, args.small), "plan"
     elif args.part == "dynamic":
         res, name = dynamic_part(2 if args.small else args.prompts, args.small), "dynamic"
     elif args.part == "sd15e2e":
@@ -720,6 +961,7 @@ def main() -> None:
     else:
         res, name = compile_part(), "compile"
     res.update(
+        torch_threads=torch.get_num_threads(),
         uptime_before=before,
         uptime_after=_uptime(),
         seconds=round(time.time() - t0, 1),

@@ -283,7 +283,7 @@ def test_adaptive_signal_is_the_probe_change_and_thresholds_decide(unet):
 def test_planned_schedule_minimises_staleness_cost():
     weight = [0.0, 0.5, 0.4, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.0]
     prof = StepProfile(tuple(i / 9 for i in range(10)), tuple(weight))
-    full = plan_refresh(prof, 10, 4)
+    full = plan_refresh(prof, 10, 4, max_gap=9)  # the cost alone (the bound: test_step_cache_plan.py)
     assert full[0] == 0 and full[-1] == 9 and len(full) == 4
     assert {1, 2} & set(full)  # refreshes go where replaying hurts
     w = prof.at(10)
@@ -301,15 +301,52 @@ def test_planned_schedule_minimises_staleness_cost():
     assert plan_refresh(prof, 2, 1) == [0, 1]
 
 
-def test_measure_profile_times_each_step_replayed_alone(pipe):
+def test_measure_profile_prices_every_gap_on_the_images(pipe):
     ref = _run_pipe(pipe, steps=4, guidance_scale=3.0)
+    prof = measure_profile(
+        pipe, ["a red cat"], num_inference_steps=4, seed=0, gaps=True, guidance_scale=3.0, height=32, width=32
+    )
+    assert not installed.installations(pipe)
+    assert torch.equal(_run_pipe(pipe, steps=4, guidance_scale=3.0), ref)
+    assert prof.source == "sensitivity" and len(prof.weight) == 4 and prof.weight[0] == prof.weight[-1] == 0
+    # each gap by hand: an explicit schedule, the image MSE against the uncached run
+    for a, b in ((0, 2), (1, 3), (0, 3)):
+        step_cache(pipe, mode="schedule", refresh=[s for s in range(4) if not a < s < b])
+        img = _run_pipe(pipe, steps=4, guidance_scale=3.0)
+        installed.undo_all(pipe)
+        mse = float((img.double() - ref.double()).square().mean())
+        assert mse > 0
+        assert prof.gap_cost[a][b - a - 1] == pytest.approx(mse, rel=1e-6)
+        if b == a + 2:
+            assert prof.weight[a + 1] == pytest.approx(mse, rel=1e-6)
+    assert all(prof.gap_cost[a][0] == 0 for a in range(4))
+
+
+def test_measure_profile_default_replays_each_step_alone(pipe):
+    def latents():
+        g = torch.Generator().manual_seed(0)
+        out = pipe(
+            "a red cat",
+            num_inference_steps=4,
+            generator=g,
+            output_type="latent",
+            guidance_scale=3.0,
+            height=32,
+            width=32,
+        )
+        return out.images.double()
+
+    ref = latents()
     prof = measure_profile(
         pipe, ["a red cat"], num_inference_steps=4, seed=0, guidance_scale=3.0, height=32, width=32
     )
-    assert prof.source == "sensitivity" and len(prof.weight) == 4
-    assert prof.weight[0] == 0 and prof.weight[-1] == 0 and all(w > 0 for w in prof.weight[1:-1])
+    assert prof.gap_cost is None and prof.weight[0] == prof.weight[-1] == 0
+    for k in (1, 2):
+        step_cache(pipe, mode="schedule", refresh=[s for s in range(4) if s != k])
+        lat = latents()
+        installed.undo_all(pipe)
+        assert prof.weight[k] == pytest.approx(float((lat - ref).norm() / ref.norm()), rel=1e-5)
     assert not installed.installations(pipe)
-    assert torch.equal(_run_pipe(pipe, steps=4, guidance_scale=3.0), ref)
 
 
 def test_gated_cross_attention_replays_the_gate_step(unet):

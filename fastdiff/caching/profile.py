@@ -1,10 +1,15 @@
-"""Measure a :class:`~.policy.StepProfile`: per-step sensitivity (runs the pipeline) or feature drift.
+"""Measure a :class:`~.policy.StepProfile`: per-step sensitivity or gap costs (runs the pipeline), or drift.
 
-:func:`measure_profile` is the planner's input: for each inner step ``k`` of an ``n``-step run it replays
-step ``k-1``'s features at step ``k`` only, and records the relative change of the final latents against
-the uncached run. Cost: ``n - 1`` pipeline runs at ``n`` steps (use a short ``n``; the profile is put on a
-progress axis and reused for any step count). :func:`drift_profile` turns ``mode="off"`` traces into
-the cheaper drift profile.
+:func:`measure_profile` (the planner's default input) replays one step at a time and records the relative
+change of the final latents: ``n - 1`` pipeline runs at ``n`` steps. :func:`measure_gaps` (opt-in,
+``measure_profile(..., gaps=True)``) measures more: for every pair of steps ``a < b`` of an ``n``-step run with at
+least one step between them, steps ``a+1 .. b-1`` replay step ``a``'s features (every other step full), and
+each prompt's decoded image is compared with the uncached run's (mean squared error over pixels in
+[0, 1]). :func:`profile_from_gaps` averages over the prompts into the profile's ``gap_cost`` (and its
+single-step ``weight``, ``b = a + 2``); cost ``(n-1)(n-2)/2`` pipeline runs at ``n`` steps (36 at
+``n = 10``); :mod:`.policy` says why it is not the default. Use a short ``n`` either way: a profile is on
+a progress axis and reused for any step count. :func:`drift_profile` turns ``mode="off"`` traces into the
+cheaper drift profile.
 """
 
 from __future__ import annotations
@@ -18,6 +23,62 @@ from fastdiff import installed
 from fastdiff.caching.policy import StepProfile
 
 
+def _images(pipe, prompts, steps: int, seed: int, call_kwargs: dict) -> torch.Tensor:
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
+    out = pipe(prompts, num_inference_steps=steps, generator=gens, output_type="pt", **call_kwargs)
+    return torch.as_tensor(out.images).double()
+
+
+def measure_gaps(
+    pipe, prompts: list[str], num_inference_steps: int = 10, branch: int = 0, seed: int = 0, **call_kwargs
+) -> np.ndarray:
+    """Per-prompt image MSE for every gap: ``mse[a, b, i]`` when steps ``a+1 .. b-1`` replay step ``a``.
+
+    Zero where ``b - a < 2`` (no replayed step). Images are the pipeline's ``output_type="pt"`` (in [0, 1]).
+    """
+    from fastdiff.caching.cache import step_cache
+
+    n = num_inference_steps
+    if not isinstance(n, int) or isinstance(n, bool) or n < 3:
+        raise ValueError(f"num_inference_steps must be an int >= 3, got {n!r}")
+    if not prompts:
+        raise ValueError("measuring a step profile needs at least one prompt")
+    handle = step_cache(pipe, mode="off", branch=branch)
+    mse = np.zeros((n, n, len(prompts)))
+    try:
+        ref = _images(pipe, prompts, n, seed, call_kwargs)
+        for a in range(n - 2):
+            for b in range(a + 2, n):
+                handle.set("schedule", branch=branch, refresh=[s for s in range(n) if not a < s < b])
+                img = _images(pipe, prompts, n, seed, call_kwargs)
+                mse[a, b] = (img - ref).flatten(1).square().mean(1).numpy()
+    finally:
+        installed.undo_all(pipe, "step_cache")
+    return mse
+
+
+def profile_from_gaps(mse: np.ndarray) -> StepProfile:
+    """The planner's :class:`StepProfile` from :func:`measure_gaps`: mean over prompts, per gap."""
+    mse = np.asarray(mse, dtype=float)
+    if mse.ndim != 3 or mse.shape[0] != mse.shape[1] or mse.shape[0] < 3 or not np.all(np.isfinite(mse)):
+        raise ValueError(f"mse must be a finite (n, n, prompts) array with n >= 3, got shape {mse.shape}")
+    e = mse.mean(-1)
+    n = e.shape[0]
+    gap = np.zeros((n, n))
+    for a in range(n):
+        for c in range(1, n - a - 1):
+            gap[a, c] = e[a, a + c + 1]
+    weight = [0.0] + [float(gap[k - 1, 1]) for k in range(1, n - 1)] + [0.0]  # first/last: always full
+    grid = np.linspace(0.0, 1.0, n)
+    return StepProfile(
+        tuple(grid.tolist()),
+        tuple(weight),
+        source="sensitivity",
+        runs=mse.shape[-1],
+        gap_cost=tuple(tuple(float(x) for x in row) for row in gap),
+    )
+
+
 def _latents(pipe, prompts, steps: int, seed: int, call_kwargs: dict) -> torch.Tensor:
     gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
     out = pipe(prompts, num_inference_steps=steps, generator=gens, output_type="latent", **call_kwargs)
@@ -25,21 +86,38 @@ def _latents(pipe, prompts, steps: int, seed: int, call_kwargs: dict) -> torch.T
 
 
 def measure_profile(
-    pipe, prompts: list[str], num_inference_steps: int = 10, branch: int = 0, seed: int = 0, **call_kwargs
+    pipe,
+    prompts: list[str],
+    num_inference_steps: int = 10,
+    branch: int = 0,
+    seed: int = 0,
+    gaps: bool = False,
+    **call_kwargs,
 ) -> StepProfile:
-    """Sensitivity of the final latents to replaying features at each step (see the module docstring).
+    """Sensitivity of the final latents to replaying features at each step (the planner's default input).
+
+    For each inner step ``k`` only step ``k`` replays step ``k-1``'s features; the weight is the relative
+    change of the final latents (all prompts as one tensor) against the uncached run: ``n - 1`` runs.
+    With ``gaps=True`` it measures every gap on the decoded images instead (:func:`measure_gaps`,
+    ``(n-1)(n-2)/2`` runs); on fastdiff-tiny that planned worse at 50 steps (:mod:`.policy`).
 
     Args:
         pipe: a diffusers pipeline without a step cache installed (one is installed and removed here).
         prompts: calibration prompts (keep them apart from the prompts you evaluate on).
-        num_inference_steps: ``n``; costs ``n - 1`` pipeline runs.
+        num_inference_steps: ``n``, the calibration run's length.
         branch: the branch the profile is for (deeper branches replay less, so harm differs).
         call_kwargs: passed to every pipeline call (guidance_scale, height, ...).
     """
     from fastdiff.caching.cache import step_cache
 
+    if not isinstance(gaps, bool):
+        raise ValueError(f"gaps must be a bool, got {gaps!r}")
+    if gaps:
+        return profile_from_gaps(
+            measure_gaps(pipe, prompts, num_inference_steps, branch, seed, **call_kwargs)
+        )
     n = num_inference_steps
-    if not isinstance(n, int) or n < 3:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 3:
         raise ValueError(f"num_inference_steps must be an int >= 3, got {n!r}")
     if not prompts:
         raise ValueError("measure_profile needs at least one prompt")
