@@ -655,3 +655,17 @@ def test_pipeline_refine_never_replays_features_of_a_call_in_between(fpipe):
     for out in (first, second):
         run = out.fastdiff.step_cache
         assert run.forced_refreshes == 0 and run.refresh_steps[0] == 0 and run.cached_evals > 0
+
+
+def test_steps_after_leaving_the_schedule_run_in_full(unet):
+    """A controller that jumps (FastForward) moves the run off the known timesteps: the few large steps left
+    must not reuse features cached at another noise level (#13)."""
+    inp = _inputs(unet)
+    handle = step_cache(unet, mode="uniform", interval=3)
+    handle.set_schedule(TS)
+    with torch.no_grad():
+        for t in (TS[0], TS[1], 250.0, 40.0):  # 250 and 40 are not in TS: the run jumped after TS[1]
+            out = _call(unet, inp, t)
+    assert [r["full"] for r in handle.stats.trace] == [True, False, True, True]
+    assert torch.equal(out, _call_uncached(unet, inp, 40.0))
+    assert any("left the known schedule" in n for n in handle.stats.notes)

@@ -22,6 +22,7 @@ class StepClock:
         self._slot = -1
         self._run_ts: list[float] | None = None
         self._run_start = 0  # index of the run's first timestep in _run_ts
+        self._left_schedule = False  # a controller changed the remaining steps (e.g. FastForward's jumps)
         self._slots: list[dict] = []
         self._gate: list[dict] = []
         self._slot_batch: list[int | None] = []
@@ -61,8 +62,10 @@ class StepClock:
         elif self._run_ts is not None:
             i = self._run_start + self._step
             if i >= len(self._run_ts) or abs(self._run_ts[i] - t) > 1e-4 * max(1.0, abs(t)):
-                self._run_ts = None
-                self._note("timesteps left the known schedule: the last step is not forced full")
+                # The remaining steps are few and large (a controller jumped): features cached at the old
+                # noise level are stale there, so the rest of the run is evaluated in full.
+                self._run_ts, self._left_schedule = None, True
+                self._note("timesteps left the known schedule: the remaining steps run in full")
 
     def _note(self, text: str) -> None:
         if text not in self.stats.notes:
@@ -75,7 +78,13 @@ class StepClock:
     def _decide_full(self) -> bool | None:
         """Whether the current step runs in full; None = adaptive, decided at the probe."""
         k, n = self._step, self.run_length
-        if not self.enabled or self.mode == "off" or k == 0 or (n is not None and k >= n - 1):
+        if (
+            not self.enabled
+            or self.mode == "off"
+            or k == 0
+            or self._left_schedule
+            or (n is not None and k >= n - 1)
+        ):
             return True
         if self.mode == "uniform":
             return uniform_full(k, self.interval)
