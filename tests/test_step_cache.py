@@ -668,4 +668,4 @@ def test_steps_after_leaving_the_schedule_run_in_full(unet):
             out = _call(unet, inp, t)
     assert [r["full"] for r in handle.stats.trace] == [True, False, True, True]
     assert torch.equal(out, _call_uncached(unet, inp, 40.0))
-    assert any("left the known schedule" in n for n in handle.stats.notes)
+    assert any("jumped off the known schedule" in n for n in handle.stats.notes)

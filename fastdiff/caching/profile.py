@@ -29,6 +29,16 @@ def _images(pipe, prompts, steps: int, seed: int, call_kwargs: dict) -> torch.Te
     return torch.as_tensor(out.images).double()
 
 
+def _check_run(num_inference_steps, prompts) -> int:
+    """The measurement runs' step count, after checking it and the prompts."""
+    n = num_inference_steps
+    if not isinstance(n, int) or isinstance(n, bool) or n < 3:
+        raise ValueError(f"num_inference_steps must be an int >= 3, got {n!r}")
+    if not prompts:
+        raise ValueError("measuring a step profile needs at least one prompt")
+    return n
+
+
 def measure_gaps(
     pipe, prompts: list[str], num_inference_steps: int = 10, branch: int = 0, seed: int = 0, **call_kwargs
 ) -> np.ndarray:
@@ -38,11 +48,7 @@ def measure_gaps(
     """
     from fastdiff.caching.cache import step_cache
 
-    n = num_inference_steps
-    if not isinstance(n, int) or isinstance(n, bool) or n < 3:
-        raise ValueError(f"num_inference_steps must be an int >= 3, got {n!r}")
-    if not prompts:
-        raise ValueError("measuring a step profile needs at least one prompt")
+    n = _check_run(num_inference_steps, prompts)
     handle = step_cache(pipe, mode="off", branch=branch)
     mse = np.zeros((n, n, len(prompts)))
     try:
@@ -116,11 +122,7 @@ def measure_profile(
         return profile_from_gaps(
             measure_gaps(pipe, prompts, num_inference_steps, branch, seed, **call_kwargs)
         )
-    n = num_inference_steps
-    if not isinstance(n, int) or isinstance(n, bool) or n < 3:
-        raise ValueError(f"num_inference_steps must be an int >= 3, got {n!r}")
-    if not prompts:
-        raise ValueError("measure_profile needs at least one prompt")
+    n = _check_run(num_inference_steps, prompts)
     handle = step_cache(pipe, mode="off", branch=branch)
     try:
         ref = _latents(pipe, prompts, n, seed, call_kwargs)

@@ -62,10 +62,16 @@ class StepClock:
         elif self._run_ts is not None:
             i = self._run_start + self._step
             if i >= len(self._run_ts) or abs(self._run_ts[i] - t) > 1e-4 * max(1.0, abs(t)):
-                # The remaining steps are few and large (a controller jumped): features cached at the old
-                # noise level are stale there, so the rest of the run is evaluated in full.
-                self._run_ts, self._left_schedule = None, True
-                self._note("timesteps left the known schedule: the remaining steps run in full")
+                # A timestep on none of the schedule's levels means a controller jumped (FastForward): the
+                # few large steps left are far from the cached features' noise level, so they run in full.
+                # A timestep elsewhere on the grid (a stale scheduler, rows resumed by refine) keeps caching.
+                off_grid = all(abs(s - t) > 1e-4 * max(1.0, abs(s)) for s in self._run_ts)
+                self._run_ts, self._left_schedule = None, off_grid
+                self._note(
+                    "timesteps jumped off the known schedule: the remaining steps run in full"
+                    if off_grid
+                    else "timesteps left the known schedule: the last step is not forced full"
+                )
 
     def _note(self, text: str) -> None:
         if text not in self.stats.notes:
