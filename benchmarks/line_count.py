@@ -45,12 +45,37 @@ LONG_FILE = 350  # issue #10: no file above about this many lines without a reas
 # module that existed, as the commit says); "new" means a feature that 0bc6ae6 did not have.
 ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     # --- features that existed, code moved or restructured (#10) ---
-    "fastdiff/_lazy.py": ("fastdiff/ top level", True, "7fe613a", "lazy top level replacing eager imports (#10)"),
-    "fastdiff/installed.py": ("fastdiff/ top level", True, "5ad2aff", "one restore record replacing attribute sniffing (#10)"),
-    "fastdiff/unet_inputs.py": ("engines", True, "6379d52", "U-Net signature, four conversions made one (#10)"),
-    "fastdiff/ops/dispatch.py": ("kernels", True, "2dbccb2", "dispatch moved in from kernels/dispatch.py (#10)"),
+    "fastdiff/_lazy.py": (
+        "fastdiff/ top level",
+        True,
+        "7fe613a",
+        "lazy top level replacing eager imports (#10)",
+    ),
+    "fastdiff/installed.py": (
+        "fastdiff/ top level",
+        True,
+        "5ad2aff",
+        "one restore record replacing attribute sniffing (#10)",
+    ),
+    "fastdiff/unet_inputs.py": (
+        "engines",
+        True,
+        "6379d52",
+        "U-Net signature, four conversions made one (#10)",
+    ),
+    "fastdiff/ops/dispatch.py": (
+        "kernels",
+        True,
+        "2dbccb2",
+        "dispatch moved in from kernels/dispatch.py (#10)",
+    ),
     "kernels/_device.py": ("kernels", True, "2dbccb2", "device checks once in fastdiff's dispatch (#10)"),
-    "fastdiff/metrics/texture.py": ("metrics", True, "e268e56", "neighbour_difference moved in from a benchmark (#10)"),
+    "fastdiff/metrics/texture.py": (
+        "metrics",
+        True,
+        "e268e56",
+        "neighbour_difference moved in from a benchmark (#10)",
+    ),
     "fastdiff/dynamic/adapters.py": ("dynamic", True, "cd27006", "split out of dynamic/loop.py (#10)"),
     "fastdiff/dynamic/protocols.py": ("dynamic", True, "cd27006", "split out of dynamic/loop.py (#10)"),
     "fastdiff/dynamic/records.py": ("dynamic", True, "cd27006", "split out of dynamic/loop.py (#10)"),
@@ -59,9 +84,19 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     "fastdiff/pipelines/plan.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
     "fastdiff/pipelines/capture.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
     "fastdiff/pipelines/records.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
-    "fastdiff/pipelines/unet_calls.py": ("pipelines", True, "282e3e8", "split out of pipelines/_mixin.py (#10)"),
+    "fastdiff/pipelines/unet_calls.py": (
+        "pipelines",
+        True,
+        "282e3e8",
+        "split out of pipelines/_mixin.py (#10)",
+    ),
     "fastdiff/engines/build.py": ("engines", True, "80bb1bd", "split out of engines/compile.py (#10)"),
-    "fastdiff/engines/config.py": ("engines", True, "1615d4e", "config dataclasses replacing 25 keywords (#10)"),
+    "fastdiff/engines/config.py": (
+        "engines",
+        True,
+        "1615d4e",
+        "config dataclasses replacing 25 keywords (#10)",
+    ),
     "fastdiff/engines/runtime_common.py": ("engines", True, "80bb1bd", "shared by the ORT/TRT runners (#10)"),
     # --- features added since 0bc6ae6 ---
     "fastdiff/caching/__init__.py": ("step caching", False, "94a2ed6", "step caching (#13)"),
@@ -73,7 +108,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     "fastdiff/caching/rows.py": ("step caching", False, "24629a1", "split of caching/cache.py (#13)"),
     "fastdiff/caching/stats.py": ("step caching", False, "24629a1", "split of caching/cache.py (#13)"),
     "fastdiff/caching/steps.py": ("step caching", False, "24629a1", "split of caching/cache.py (#13)"),
-    "fastdiff/caching/pipeline.py": ("step caching", False, "122887a", "step_cache(pipe) on drop-in pipelines (#13)"),
+    "fastdiff/caching/pipeline.py": (
+        "step caching",
+        False,
+        "122887a",
+        "step_cache(pipe) on drop-in pipelines (#13)",
+    ),
     "fastdiff/sweep/__init__.py": ("sweeps", False, "f5520ad", "spec-driven sweeps (#15)"),
     "fastdiff/sweep/collate.py": ("sweeps", False, "f5520ad", "spec-driven sweeps (#15)"),
     "fastdiff/sweep/embeddings.py": ("sweeps", False, "f5520ad", "spec-driven sweeps (#15)"),
@@ -81,16 +121,46 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     "fastdiff/sweep/setup.py": ("sweeps", False, "f5520ad", "spec-driven sweeps (#15)"),
     "fastdiff/sweep/spec.py": ("sweeps", False, "f5520ad", "spec-driven sweeps (#15)"),
     "fastdiff/sweep/store.py": ("sweeps", False, "f5520ad", "spec-driven sweeps (#15)"),
-    "fastdiff/sweep/prompts.py": ("sweeps", False, "62230f1", "prompt sources split out of sweep/spec.py (#15)"),
+    "fastdiff/sweep/prompts.py": (
+        "sweeps",
+        False,
+        "62230f1",
+        "prompt sources split out of sweep/spec.py (#15)",
+    ),
     "fastdiff/engines/runtime_ov.py": ("OpenVINO backend", False, "768da46", "OpenVINO backend (#14)"),
     "fastdiff/engines/openvino_build.py": ("OpenVINO backend", False, "1615d4e", "OpenVINO build (#14)"),
-    "fastdiff/engines/cpu.py": ("CPU int8 without VNNI", False, "1c02f1c", "7-bit int8 weights without VNNI (#14)"),
-    "fastdiff/engines/records.py": ("calibration on disk", False, "0ecd63a", "records streamed from disk (#14)"),
+    "fastdiff/engines/cpu.py": (
+        "CPU int8 without VNNI",
+        False,
+        "1c02f1c",
+        "7-bit int8 weights without VNNI (#14)",
+    ),
+    "fastdiff/engines/records.py": (
+        "calibration on disk",
+        False,
+        "0ecd63a",
+        "records streamed from disk (#14)",
+    ),
     "fastdiff/samplers/adaptive.py": ("step control", False, "e0e189f", "AdaptiveScheduler (#12)"),
-    "fastdiff/dynamic/step_calibration.py": ("step control", False, "0b6a4a4", "steps-needed / Spearman judging of steps='auto' (#12)"),
-    "fastdiff/samplers/options.py": ("input validation", False, "ae36640", "make_scheduler option checks (#16)"),
+    "fastdiff/dynamic/step_calibration.py": (
+        "step control",
+        False,
+        "0b6a4a4",
+        "steps-needed / Spearman judging of steps='auto' (#12)",
+    ),
+    "fastdiff/samplers/options.py": (
+        "input validation",
+        False,
+        "ae36640",
+        "make_scheduler option checks (#16)",
+    ),
     "fastdiff/pipelines/checks.py": ("input validation", False, "7ae34d0", "diffusers keyword checks (#16)"),
-    "fastdiff/testing/snapshot.py": ("input validation", False, "b100a71", "failed calls leave objects unchanged (#16)"),
+    "fastdiff/testing/snapshot.py": (
+        "input validation",
+        False,
+        "b100a71",
+        "failed calls leave objects unchanged (#16)",
+    ),
 }
 
 
@@ -142,7 +212,14 @@ def _classify(source: str) -> tuple[set[int], set[int], set[int]]:
     docs = docstring_lines(ast.parse(source))
     code: set[int] = set()
     comments: set[int] = set()
-    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.ENCODING}
+    skip = {
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
+        tokenize.ENCODING,
+    }
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             comments.add(tok.start[0])
@@ -197,7 +274,9 @@ def measure(base: str, head: str) -> tuple[list[dict], dict]:
     base_mods, head_mods = modules(base), modules(head)
     at_base = set(base_mods)
     base_commits = set(_git("rev-list", base).split())
-    subjects = dict(line.split(" ", 1) for line in _git("log", "--format=%H %s", f"{base}..{head}").splitlines())
+    subjects = dict(
+        line.split(" ", 1) for line in _git("log", "--format=%H %s", f"{base}..{head}").splitlines()
+    )
     rows = []
     for path in sorted(set(base_mods) | set(head_mods)):
         then = count(_git("show", f"{base}:{path}")) if path in at_base else None
@@ -252,7 +331,9 @@ def summarise(rows: list[dict]) -> dict:
             "existing_features_lines_then": _sum(old, "lines_then"),
             "existing_features_lines_now": _sum(old, "lines_now"),
             "new_features_code_now": _sum(mine, "code_now", lambda r: not r["existed"]),
-            "existing_features_code_now_by_blame": {k: _sum(old, f"blame_{k}") for k in ("base", "rework", "feature")},
+            "existing_features_code_now_by_blame": {
+                k: _sum(old, f"blame_{k}") for k in ("base", "rework", "feature")
+            },
         }
     out["by_feature"] = {}  # "feature (existed|new)" -> [code lines then, now]
     for r in rows:
@@ -298,7 +379,9 @@ def main() -> None:
     meta = env_info()
     meta.update(
         base=f"{args.base} ({_git('log', '-1', '--format=%h %ad', '--date=short', args.base).strip()})",
-        head=_git("rev-parse", "--short", args.head).strip(),  # committed files only: git show, not the work tree
+        head=_git(
+            "rev-parse", "--short", args.head
+        ).strip(),  # committed files only: git show, not the work tree
         load_before=load_before,
         load_after=os.getloadavg(),
         summary=summary,
@@ -312,7 +395,17 @@ def main() -> None:
         f"Code lines then -> now, by feature (kernels: fastdiff/ops/dispatch.py came from kernels/dispatch.py):\n"
         f"{by_feature}\n"
     )
-    cols = ["module", "feature", "existed", "added_by", "code_then", "code_now", "doc_then", "doc_now", "lines_now"]
+    cols = [
+        "module",
+        "feature",
+        "existed",
+        "added_by",
+        "code_then",
+        "code_now",
+        "doc_then",
+        "doc_now",
+        "lines_now",
+    ]
     cols += ["blame_base", "blame_rework", "blame_feature"]
     write_results(args.name, rows, meta=meta, columns=cols, notes=notes)
     print(verdict(summary))
