@@ -39,7 +39,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# benchmarks/ goes last: its kernels.py must not shadow Hugging Face's `kernels` (transformers >= 5.25 imports it)
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
 from _standalone_kernels import load_kernels  # noqa: E402
 
 TOTAL_BUDGET_S = 420

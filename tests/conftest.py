@@ -14,6 +14,8 @@ import sys
 _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _at_root = [p for p in sys.path if os.path.abspath(p or os.curdir) == _root]
 sys.path[:] = [p for p in sys.path if p not in _at_root] + _at_root
+# Subprocesses that tests start from the repo root (python -c / -m) must not put it first either.
+os.environ.setdefault("PYTHONSAFEPATH", "1")
 
 # PyTorch's OpenMP threads otherwise spin-wait; where processes share the two
 # cores (pytest plus a notebook kernel, say) that made generation ~50x slower.
