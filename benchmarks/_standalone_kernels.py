@@ -1,4 +1,4 @@
-"""Load ``kernels/`` as a standalone package: no fastdiff top level, hence no diffusers or transformers.
+"""Load ``fastdiff/kernels/`` as a standalone package: no fastdiff top level, hence no diffusers or transformers.
 
 What the bare GPU image can import (``gpu_check.py``) and what compiles with any Triton on the path
 (``ptx_report.py``); shared so that both load the kernels the same way.
@@ -11,7 +11,7 @@ import sys
 import types
 from pathlib import Path
 
-KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "fastdiff" / "kernels"
 
 
 def load_kernels(name: str = "_fastdiff_kernels_standalone") -> types.SimpleNamespace:

@@ -18,7 +18,7 @@ Autotuning is off (``FASTDIFF_TRITON_AUTOTUNE=0``: one GEMM config per shape) to
 
 ``--dry-run`` runs every stage on CPU at tiny shapes (Triton through its interpreter, a CPU timer instead of
 ``do_bench``, ``torch.compile(backend="eager")``), so a typo cannot waste a GPU run; the tests run it.
-The kernels are loaded from ``kernels/`` standalone (no diffusers needed); fastdiff itself only in the
+The kernels are loaded from ``fastdiff/kernels/`` standalone (no diffusers needed); fastdiff itself only in the
 U-Net stages.
 """
 
@@ -39,9 +39,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# benchmarks/ goes last: its kernels.py must not shadow Hugging Face's `kernels` (transformers >= 5.25 imports it)
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE] + [_HERE]
 from _standalone_kernels import load_kernels  # noqa: E402
 
 TOTAL_BUDGET_S = 420

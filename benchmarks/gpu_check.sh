@@ -14,7 +14,7 @@
 #
 # Its dependencies (huggingface-hub, regex, requests, filelock, safetensors, numpy, Pillow,
 # importlib_metadata) come with transformers on the image; a missing one shows as a failed U-Net row.
-# The kernel stages need nothing but torch and Triton: they load kernels/ standalone.
+# The kernel stages need nothing but torch and Triton: they load fastdiff/kernels/ standalone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=()
@@ -35,16 +35,11 @@ if [[ ${#DRY[@]} -eq 0 ]]; then
   fi
 fi
 
-# fastdiff from this source tree without installing it: a shim package dir mapping kernels/ to
-# fastdiff.kernels, as pyproject's package-dir does
-SHIM="$(mktemp -d /tmp/fastdiff-shim.XXXXXX)"
-mkdir -p "$SHIM/fastdiff"
-for f in "$PWD"/fastdiff/*; do ln -s "$f" "$SHIM/fastdiff/$(basename "$f")"; done
-ln -s "$PWD/kernels" "$SHIM/fastdiff/kernels"
-export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+# fastdiff from this source tree without installing it
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 timeout 450 python benchmarks/gpu_check.py "${DRY[@]}" --out "$OUT_DIR" "$@"
 status=$?
-rm -rf "$SHIM" "$FASTDIFF_CACHE_DIR"
+rm -rf "$FASTDIFF_CACHE_DIR"
 echo "gpu_check finished with status $status; rows in $OUT_DIR/gpu_check*.jsonl"
 exit $status

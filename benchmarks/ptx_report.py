@@ -12,7 +12,7 @@ GEMM autotune config, and, for the GroupNorm kernels, every block shape that the
 (1024^2) U-Nets produce at batch 2 on a 132-SM H200. Pointers and the channel/tile/stride integers are
 marked divisible by 16, as they are at those shapes.
 
-The kernel modules are loaded from ``kernels/`` by path, so nothing else of fastdiff (nor diffusers) is
+The kernel modules are loaded from ``fastdiff/kernels/`` by path, so nothing else of fastdiff (nor diffusers) is
 imported; this script runs unchanged with another Triton (e.g. the GPU image's 3.6) on ``sys.path``.
 
     python benchmarks/ptx_report.py            # all variants -> results/ptx_sm90.{json,md}
@@ -169,7 +169,7 @@ def _int_types(fn, unit: str | None) -> tuple[dict, dict]:
 def sd_shapes() -> tuple[set, set]:
     """Distinct (C, H*W) GroupNorm inputs of SD1.5 at 512^2 and SDXL at 1024^2; SD convs' (C, K)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kernels import unet_shapes  # benchmarks/kernels.py: the architecture's shapes
+    from kernel_speed import unet_shapes  # the architecture's shapes
 
     norms, convs = set(), set()
     for arch, latent in (("sd15", 64), ("sdxl", 128)):

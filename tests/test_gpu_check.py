@@ -59,11 +59,11 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_standalone_kernels_import_no_diffusers_or_transformers():
-    """What gpu_check.py and ptx_report.py do: load kernels/ by path, then run nothing else of fastdiff."""
+    """What gpu_check.py and ptx_report.py do: load fastdiff/kernels/ by path, then run nothing else of fastdiff."""
     mods = _modules_after(
         """
         import importlib, sys, types
-        pkg = types.ModuleType("k"); pkg.__path__ = ["kernels"]; sys.modules["k"] = pkg
+        pkg = types.ModuleType("k"); pkg.__path__ = ["fastdiff/kernels"]; sys.modules["k"] = pkg
         for m in ("winograd", "group_norm_silu", "fused_norm_conv"):
             importlib.import_module("k." + m)
         """

@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py derives the U-Net's conv/GroupNorm shapes from the architecture; check them against
+"""benchmarks/kernel_speed.py derives the U-Net's conv/GroupNorm shapes from the architecture; check them against
 the shapes a real diffusers UNet2DConditionModel (same block structure, narrow channels) actually sees."""
 
 import importlib.util
@@ -10,7 +10,7 @@ import torch
 from diffusers import UNet2DConditionModel
 
 _spec = importlib.util.spec_from_file_location(
-    "fastdiff_bench_kernels", Path(__file__).resolve().parents[1] / "benchmarks" / "kernels.py"
+    "fastdiff_bench_kernels", Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_speed.py"
 )
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -1,4 +1,5 @@
-"""kernels/ ships as fastdiff.kernels, never as a top-level `kernels` (Hugging Face's package name)."""
+"""The kernels ship as fastdiff.kernels, never as a top-level `kernels` (Hugging Face's package name), and
+nothing in the source tree shadows a dependency when Python runs from the repo root or from benchmarks/."""
 
 import subprocess
 import sys
@@ -13,7 +14,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_installed_kernels_subpackage_points_at_repo():
     import fastdiff.kernels
 
-    assert Path(fastdiff.kernels.__file__).resolve().parent == ROOT / "kernels"
+    assert Path(fastdiff.kernels.__file__).resolve().parent == ROOT / "fastdiff" / "kernels"
+
+
+def _importable_names(folder: Path) -> set[str]:
+    """What `import NAME` finds in ``folder`` when it is on sys.path (a script's dir, or the root under -m)."""
+    names = {p.stem for p in folder.glob("*.py")}
+    return names | {p.name for p in folder.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+
+
+def test_no_module_in_the_tree_shadows_a_dependency():
+    from importlib.metadata import packages_distributions
+
+    # installed top-level modules, plus Hugging Face's `kernels`, which transformers >= 5.25 imports
+    # (not necessarily installed here)
+    taken = (set(packages_distributions()) | {"kernels"}) - {"fastdiff"}
+    for folder in (ROOT, ROOT / "benchmarks"):
+        clash = _importable_names(folder) & taken
+        assert not clash, f"{sorted(clash)} in {folder} would shadow installed packages of that name"
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """The one dispatch layer: which implementation runs an op, measured per device and shape, and persisted.
 
 Why here: choosing an implementation needs fastdiff's policy (plan cache location, versions, what
-``fastdiff.report`` shows) while ``kernels/`` must stay a standalone package of kernels and references (it
+``fastdiff.report`` shows) while ``fastdiff/kernels/`` must stay a standalone package of kernels and references (it
 is loaded alone on a bare GPU image). ``fastdiff.ops`` is the layer both ``fastdiff.nn`` modules and users
 call, so the decision lives beside the ops and nowhere else: ``nn`` modules pass their cached transformed
 weight and their ``plans`` dict to the ops, and never re-implement "auto".

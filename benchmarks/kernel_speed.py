@@ -14,8 +14,8 @@ measured faster. The Triton kernels are not timed on CPU: the interpreter proves
 CUDA (``--device cuda``): the Triton Winograd (input transform, GEMM, output transform) vs cuDNN (``cudnn.benchmark=True``), Triton GroupNorm+SiLU
 vs eager, fused GroupNorm+SiLU+conv vs (Triton GroupNorm+SiLU, then cuDNN conv), via triton.testing.do_bench.
 
-    nice -n 10 python benchmarks/kernels.py --device cpu --arch sd15 --size 512 --batch 2
-    python benchmarks/kernels.py --device cuda --arch sd15,sdxl
+    nice -n 10 python benchmarks/kernel_speed.py --device cpu --arch sd15 --size 512 --batch 2
+    python benchmarks/kernel_speed.py --device cuda --arch sd15,sdxl
 """
 
 from __future__ import annotations
@@ -111,7 +111,6 @@ def _rand(shape, device, dtype, channels_last, seed=0):
 
 def _conv_row_cpu(arch, cin, cout, h, count, batch, reps, dtype, cache):
     from fastdiff.kernels.winograd import transform_weight, winograd_conv2d_torch
-
     from fastdiff.nn.winograd import WinogradConv2d
 
     x = _rand((batch, cin, h, h), "cpu", dtype, False, seed=cin + h)
