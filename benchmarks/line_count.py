@@ -155,6 +155,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
         "0ecd63a",
         "records streamed from disk (#14)",
     ),
+    "fastdiff/engines/mapped.py": (
+        "calibration on disk",
+        False,
+        "f9dc300",
+        "mapped weights given back while NNCF runs (#14)",
+    ),
     "fastdiff/samplers/adaptive.py": ("step control", False, "e0e189f", "AdaptiveScheduler (#12)"),
     "fastdiff/dynamic/step_calibration.py": (
         "step control",
