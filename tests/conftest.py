@@ -11,6 +11,7 @@ import os
 # cores (pytest plus a notebook kernel, say) that made generation ~50x slower.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
@@ -21,3 +22,13 @@ os.environ.setdefault(
     "FASTDIFF_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "fastdiff")
 )
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-tensor tests: on a busy 2-core machine, intra-op thread
+    hand-offs cost more than the maths. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -10,13 +10,7 @@ import torch
 from fastdiff.samplers import fit_schedule, load_schedule, make_scheduler, run_scheduler, save_schedule
 from fastdiff.samplers.gmm import GaussianMixture, GMMDenoiser, median_rms_error, probability_flow_reference
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_single_gaussian_denoiser_is_the_closed_form_posterior_mean():

@@ -20,13 +20,7 @@ from fastdiff.samplers.ddim import ddim_update, euler_update
 SD = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny tensors: on a busy 2-core machine, intra-op thread hand-offs cost more than the maths
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class ToyEps:

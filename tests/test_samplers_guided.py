@@ -8,13 +8,7 @@ import torch
 from fastdiff.samplers import FastScheduler, make_scheduler, run_scheduler
 from fastdiff.samplers.gmm import GaussianMixture, GMMDenoiser, median_rms_error, probability_flow_reference
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

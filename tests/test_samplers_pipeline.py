@@ -9,13 +9,7 @@ from diffusers import DDIMScheduler, StableDiffusionImg2ImgPipeline
 from fastdiff.samplers import SAMPLERS, FastScheduler, make_scheduler
 from fastdiff.testing import tiny_pipeline
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

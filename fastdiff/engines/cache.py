@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from .._cache_dir import cache_dir as _cache_dir
+
 logger = logging.getLogger("fastdiff.engines")
 
 CACHE_FORMAT = 2  # 2: weights hashed per tensor, artifacts carry mtime_ns
@@ -41,12 +43,7 @@ VERIFY = ("stat", "full")
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """``cache_dir`` if given, else ``$FASTDIFF_CACHE_DIR/engines``, else ``~/.cache/fastdiff/engines``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("FASTDIFF_CACHE_DIR")
-    if env:
-        return Path(env) / "engines"
-    return Path.home() / ".cache" / "fastdiff" / "engines"
+    return _cache_dir("engines", cache_dir)
 
 
 def _tensor_digest(t: torch.Tensor) -> bytes:

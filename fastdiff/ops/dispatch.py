@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from .._cache_dir import cache_dir as _cache_dir
+
 NATIVE = "native"
 IMPLEMENTATIONS = (
     NATIVE,
@@ -121,10 +123,7 @@ def _slug(text: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("FASTDIFF_CACHE_DIR")
-    if env:
-        return Path(env) / "plans"
-    return Path.home() / ".cache" / "fastdiff" / "plans"
+    return _cache_dir("plans")
 
 
 # ---------------------------------------------------------------------------------------------------------
