@@ -83,14 +83,13 @@ def goals(not_run: dict) -> list[dict]:
     latest = {r["variant"]: r for r in sorted(built, key=lambda r: r["run"])}  # newest run per variant
     q = [r for r in latest.values() if r["variant"] in ("ov-int8", "ov-mixed", "ort-int8")]
     met = q and all(r["build_s"] < 120 for r in q)
-    met_without = q and all(r.get("build_without_quality_s", r["build_s"]) < 120 for r in q)
+    met_without = q and all(r.get("build_without_quality_s", 1e9) < 120 for r in q)
     out.append(
         {
             "goal": "build (export + calibration + quantisation + compile) < 120 s, full SD1.5 U-Net at 256^2",
             "status": "met"
             if met
-            else "not met"
-            + (" (met without the quality check)" if met_without else " (with or without the quality check)"),
+            else "not met" + (" (met without the quality check)" if met_without else ""),
             "evidence": "; ".join(_build_fmt(r) for r in latest.values())
             + "".join(
                 f"; earlier: {r['variant']} {r['build_s']} s (run {r['run']})"
