@@ -291,3 +291,29 @@ def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp
         torch.cat([engine.runner(r) for r in held]), torch.cat([_eager(pipe.unet, r) for r in held])
     )
     assert 8 < measured < 60
+
+
+def test_onnx_route_frees_the_converted_model_before_nncf(pipe, calib, monkeypatch):
+    """#14 memory: NNCF reads the fp32 IR memory-mapped; the model converted from ONNX (its own copy of
+    every weight at SD1.5 scale) must already be gone when quantisation starts."""
+    import weakref
+
+    refs = []
+    real_convert = runtime_ov.convert
+
+    def convert(path):
+        model = real_convert(path)
+        refs.append(weakref.ref(model))
+        return model
+
+    class Stop(Exception):
+        pass
+
+    def quantize(model, *args, **kwargs):
+        assert len(refs) == 1 and refs[0]() is None, "the ONNX-converted model is still alive during NNCF"
+        raise Stop
+
+    monkeypatch.setattr(runtime_ov, "convert", convert)
+    monkeypatch.setattr(runtime_ov, "quantize", quantize)
+    with pytest.raises(Stop):
+        compile_engine(pipe.unet, backend="openvino", precision="int8", calibration=calib, use_cache=False)

@@ -50,10 +50,10 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
             from .openvino_build import build_openvino, convert_pytorch
 
             bar.set_postfix_str("convert")
-            model = convert_pytorch(unet, signature, spec.export)
+            model = convert_pytorch(unet, signature, spec.export)  # shares the U-Net's weights: no copy held
             bar.update()
             bar.set_postfix_str("quantise + build" if precision in QUANTISED else "build")
-            build_openvino(model, None, entry / ARTIFACT[backend], precision, calib_part, spec)
+            build_openvino(None, entry / ARTIFACT[backend], precision, calib_part, spec, model=model)
             bar.update(bar.total - bar.n)
             return
         bar.set_postfix_str("export")
@@ -94,11 +94,9 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
         if backend == "onnxruntime":
             move_onnx(model_path, entry / ARTIFACT[backend])
         elif backend == "openvino":
-            from . import runtime_ov
             from .openvino_build import build_openvino
 
-            model = runtime_ov.convert(fp_path)
-            build_openvino(model, fp_path, entry / ARTIFACT[backend], precision, calib_part, spec)
+            build_openvino(fp_path, entry / ARTIFACT[backend], precision, calib_part, spec)
         else:
             from . import runtime_trt
 

@@ -111,9 +111,16 @@ def _decoder(module: torch.nn.Module, example: tuple, shared: bool):
     )
 
 
-def build_openvino(model, onnx_path: Path | None, artifact: Path, precision: str, calib_part, spec) -> None:
-    """Write ``model`` (float, converted from PyTorch or from ``onnx_path``) to ``artifact``, for
-    int8/mixed quantised with NNCF on the records first (+ layers.json)."""
+def build_openvino(
+    onnx_path: Path | None, artifact: Path, precision: str, calib_part, spec, model=None
+) -> None:
+    """Write the float model (``model`` from :func:`convert_pytorch`, else converted from ``onnx_path``
+    here) to ``artifact``, for int8/mixed quantised with NNCF on the records first (+ layers.json).
+
+    The ONNX conversion happens here, not in the caller, so that this function holds the only
+    reference to it and ``del`` frees it before NNCF runs."""
+    if model is None:
+        model = runtime_ov.convert(onnx_path)
     if precision not in QUANTISED:
         runtime_ov.save(model, artifact)
         return
