@@ -45,7 +45,7 @@ def openvino_source(precision: str, export) -> str:
 def trace_shape(signature, export) -> tuple[int, int, int, int]:
     """(batch, C, H, W) to trace at: ``export.sample_shape``, else, when batch, height and width all
     stay dynamic, the smallest latent every level divides (2^(levels-1)): the traced graph is the
-    same and the tracing forward pass is 16x cheaper than at SD1.5's 64x64; else the config's size
+    same and the tracing forward pass sees 1/64 of the pixels of SD1.5's 64x64; else the config's size
     (the frozen axes take it, as in the ONNX export)."""
     if export.sample_shape is not None:
         return tuple(int(s) for s in export.sample_shape)
