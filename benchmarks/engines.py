@@ -279,6 +279,8 @@ def cpu_suite(args):
         "snr_db",
         "snr_db_min",
         "build_s",
+        "build_without_quality_s",
+        "quality_check_s",
         "first_call_s",
         "cache_hit",
         "peak_rss_gb",
@@ -301,7 +303,9 @@ def cpu_suite(args):
             else ""
         )
         + "\n- build_s: compile_engine's wall time (export, quantisation, OpenVINO/ORT build and its quality "
-        "check on the held-back records); first_call_s: the first step after it (per-shape compile). Each row "
+        "check on the held-back records); quality_check_s: that check alone (the engine's first compile, engine "
+        "and eager PyTorch on the held-back records; 0 on a cache hit that has the result), build_without_quality_s "
+        "the rest; first_call_s: the first step after it (per-shape compile). Each row "
         "of a run after 2026-12-03 13:00 UTC ran in its own process (peak_rss_gb is that row's)."
     )
     paths = write_results(name, prior + new, meta, cols, notes=notes)

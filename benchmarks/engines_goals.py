@@ -34,6 +34,16 @@ def _fmt(r):
     return f"{r['variant']} {r['vs_eager']}x at {r['snr_db']} dB, build {r['build_s']} s{hit}"
 
 
+def _build_fmt(r):
+    if r["variant"].startswith("ov-plain"):
+        split = " (openvino.convert_model + compile, no quality check)"
+    elif "build_without_quality_s" in r:
+        split = f" = {r['build_without_quality_s']} s build + {r['quality_check_s']} s quality check"
+    else:
+        split = " (includes compile_engine's quality check on the held-back records)"
+    return f"{r['variant']} {r['build_s']} s{split} (run {r['run']}, load {r['load_1min']})"
+
+
 def goals(not_run: dict) -> list[dict]:
     rows = {side: _sd15_rows(side) for side in (256, 512)}
     out = []
@@ -69,16 +79,26 @@ def goals(not_run: dict) -> list[dict]:
         )
     else:
         out.append({"goal": "fastdiff-tiny within 2 points", "status": "not measured", "evidence": ""})
-    builds = [r for r in rows[256] if not r.get("cache_hit") and "build_s" in r]
-    q = [r for r in builds if r["variant"] in ("ov-int8", "ov-mixed", "ort-int8")]
+    built = [r for r in rows[256] if not r.get("cache_hit") and "build_s" in r]
+    latest = {r["variant"]: r for r in sorted(built, key=lambda r: r["run"])}  # newest run per variant
+    q = [r for r in latest.values() if r["variant"] in ("ov-int8", "ov-mixed", "ort-int8")]
+    met = q and all(r["build_s"] < 120 for r in q)
+    met_without = q and all(r.get("build_without_quality_s", 1e9) < 120 for r in q)
     out.append(
         {
             "goal": "build (export + calibration + quantisation + compile) < 120 s, full SD1.5 U-Net at 256^2",
-            "status": "met" if q and all(r["build_s"] < 120 for r in q) else "not met",
-            "evidence": "; ".join(f"{r['variant']} {r['build_s']} s" for r in builds)
-            + " (build_s includes compile_engine's quality check on the held-back records)",
+            "status": "met"
+            if met
+            else "not met" + (" (met without the quality check)" if met_without else ""),
+            "evidence": "; ".join(_build_fmt(r) for r in latest.values())
+            + "".join(
+                f"; earlier: {r['variant']} {r['build_s']} s (run {r['run']})"
+                for r in built
+                if latest[r["variant"]] is not r
+            ),
         }
     )
+    cached256 = [r for r in (_load("engines-cpu-sd15-256") or {}).get("rows", []) if r.get("cache_hit")]
     mem = (_load("engines-cpu-memory") or {}).get("rows", [])
     # Rows with "verify" come from cache format 2 (#14's cheaper checks); earlier ones are history.
     hits = [m for m in mem if m.get("cache_hit") and m.get("verify") == "stat"]
@@ -87,9 +107,9 @@ def goals(not_run: dict) -> list[dict]:
         {
             "goal": "cached rebuild < 10 s",
             "status": "not measured"
-            if not hits
+            if not hits and not cached256
             else "met"
-            if all(m["compile_engine_s"] < 10 for m in hits)
+            if all(m["compile_engine_s"] < 10 for m in hits) and all(r["build_s"] < 10 for r in cached256)
             else "not met",
             "evidence": "; ".join(
                 f"{m['precision']} at {m['side_px']}^2, fresh process, load {m['load_1min']}: compile_engine "
@@ -100,6 +120,11 @@ def goals(not_run: dict) -> list[dict]:
             )
             + "".join(
                 f"; before (cache format 1): {m['compile_engine_s']} s at {m['side_px']}^2" for m in before
+            )
+            + "".join(
+                f"; {r['variant']} at 256^2 (engines.py run {r['run']}, fresh process, load {r['load_1min']}): "
+                f"compile_engine {r['build_s']} s, {r['first_call_s']} s more through the first step"
+                for r in cached256
             ),
         }
     )
@@ -181,8 +206,14 @@ def main():
         "to 3e-6 of their width (compare row in engines-cpu-memory.md). No SNR exists for the earlier 512^2 "
         "run (cut before NNCF finished). The SNR is int8 vs fp32 OpenVINO on random weights: not representative "
         "of trained weights."
-        + "\n- Cached rebuild at 256^2: not measured (lock budget); the fingerprint and cache check do not depend "
-        "on the image size, only the first-step compile does."
+        + "\n- Build goal: each variant's newest fresh (not cached) build at 256^2; the quality check (the engine's "
+        "first compile, then engine and eager PyTorch on the held-back records) is reported apart where the run "
+        "recorded it. Stage-by-stage timeline (one int8 build, PyTorch-route conversion, contended CPU): "
+        "engines-cpu-build-profile-pytorch-route.md: NNCF is most of the build (two statistics passes, the second "
+        "one's compile of the statistics model the largest single item; fast bias correction's 160 sub-model "
+        "compiles next). Run 3's ov-int8 row held the ONNX-converted model in memory while NNCF ran (fixed in "
+        "2d896e7, not re-measured): its peak RSS (14.45 GB vs 13.77 GB in run 2) is the faulty code's; its timing is "
+        "unaffected."
         + "\n- Sources: engines-cpu-sd15-256.md, engines-cpu-sd15-512.md, engines-cpu-memory.json, "
         "engines-tiny-e2e.md. Random-weight SD1.5 U-Nets: speed is representative, int8 SNR is not "
         "(trained activations differ)."

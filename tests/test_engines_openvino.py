@@ -21,6 +21,7 @@ from fastdiff import installed  # noqa: E402
 from fastdiff._compat import MissingDependencyError  # noqa: E402
 from fastdiff.engines import (  # noqa: E402
     EngineUNet,
+    ExportConfig,  # noqa: E402
     GateConfig,
     QualityGateError,
     QuantConfig,
@@ -29,7 +30,11 @@ from fastdiff.engines import (  # noqa: E402
     runtime_ov,  # noqa: E402
 )
 from fastdiff.engines import export as export_mod  # noqa: E402
+from fastdiff.engines import openvino_build as ov_build  # noqa: E402
+from fastdiff.engines.cache import weights_fingerprint  # noqa: E402
 from fastdiff.engines.quality import snr_db  # noqa: E402
+from fastdiff.engines.quantization import classify_nodes  # noqa: E402
+from fastdiff.unet_inputs import unet_signature  # noqa: E402
 
 # Shared with the other engine test module (pytest registers fixtures found in the module namespace).
 pipe, calib = engines_fixtures.pipe, engines_fixtures.calib
@@ -73,8 +78,9 @@ def test_fp32_engine_matches_eager_installs_restores_and_caches(pipe, tmp_path, 
     assert pipe.unet is original
 
     calls = []
-    real = export_mod.export_onnx
-    monkeypatch.setattr(export_mod, "export_onnx", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for module, name in ((export_mod, "export_onnx"), (ov_build, "convert_pytorch")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _r=real, **k: calls.append(1) or _r(*a, **k))
     again = compile_engine(pipe, backend="openvino", precision="fp32", cache_dir=tmp_path, install=False)
     assert again.cache_hit and not calls and pipe.unet is original
     assert again.quality["snr_db"] == engine.quality["snr_db"]
@@ -208,3 +214,106 @@ def test_bad_arguments_and_guard(pipe, calib, monkeypatch):
     monkeypatch.setattr(runtime_ov, "is_available", lambda m: m != "nncf")
     with pytest.raises(MissingDependencyError, match=r"'nncf'.*fastdiff\[openvino\]"):
         compile_engine(pipe, backend="openvino", precision="int8", calibration=calib)
+
+
+def test_module_path_names_match_the_onnx_export(pipe, tmp_path):
+    """#14: exclusions are written against ONNX node names; the PyTorch frontend's weighted layers must
+    map onto exactly the ONNX graph's weighted layers (same module paths)."""
+    assert (
+        runtime_ov.module_path_name(
+            "__module.unet.down_blocks.0.resnets.1.conv1/aten::_convolution/Convolution"
+        )
+        == "/unet/down_blocks.0/resnets.1/conv1/aten::_convolution/Convolution"
+    )
+    assert runtime_ov.module_path_name("__module.unet.ff.net.0.proj/aten::linear/MatMul") == (
+        "/unet/ff/net.0/proj/aten::linear/MatMul"
+    )
+    assert runtime_ov.module_path_name("/unet/conv_in/Conv") == "/unet/conv_in/Conv"
+    model = ov_build.convert_pytorch(pipe.unet, unet_signature(pipe.unet), ExportConfig(sequence_length=77))
+    ours = {
+        runtime_ov.module_path_name(op.get_friendly_name()).split("/aten::")[0]
+        for op in model.get_ops()
+        if op.get_type_name() in ("Convolution", "MatMul")
+        and op.input_value(1).get_node().get_type_name() != "Parameter"
+        and "/aten::" in op.get_friendly_name()
+        and "scaled_dot_product" not in op.get_friendly_name()
+    }
+    onnx_names = classify_nodes(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
+    theirs = {name.rsplit("/", 1)[0] for name, cat in onnx_names.items() if cat != "attention"}
+    assert len(theirs) > 20 and ours == theirs
+
+
+def test_fp32_from_pytorch_writes_no_onnx_and_source_is_keyed(pipe, tmp_path, monkeypatch):
+    """fp32 converts the U-Net directly (no ONNX export), matches eager PyTorch and leaves the U-Net's
+    weights alone; asking for the ONNX route is another cache entry with the same output."""
+    before = weights_fingerprint(pipe.unet)
+
+    def no_export(*a, **k):
+        raise AssertionError("fp32 OpenVINO build exported ONNX")
+
+    with monkeypatch.context() as m:
+        m.setattr(export_mod, "export_onnx", no_export)
+        direct = compile_engine(pipe.unet, backend="openvino", cache_dir=tmp_path, install=False)
+    via_onnx = compile_engine(
+        pipe.unet,
+        backend="openvino",
+        cache_dir=tmp_path,
+        install=False,
+        export=ExportConfig(openvino_source="onnx"),
+    )
+    assert not via_onnx.cache_hit and via_onnx.build_info["key"] != direct.build_info["key"]
+    assert direct.quality["snr_db"] > 60 and via_onnx.quality["snr_db"] > 60
+    assert weights_fingerprint(pipe.unet) == before
+    with pytest.raises(ValueError, match="openvino_source.*pytorch.*onnx"):
+        ExportConfig(openvino_source="tf")
+
+
+def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp_path):
+    """The PyTorch route shares the U-Net's weight memory with NNCF: quantising must not write into it,
+    and the ONNX-named exclusions must still keep conv_in/conv_out/time embedding in float. ~15 s."""
+    before = weights_fingerprint(pipe.unet)
+    engine = compile_engine(
+        pipe.unet,
+        backend="openvino",
+        precision="int8",
+        calibration=calib,
+        use_cache=False,
+        gate=GateConfig(min_snr_db=None),
+        export=ExportConfig(openvino_source="pytorch"),
+    )
+    assert weights_fingerprint(pipe.unet) == before
+    kept = engine.build_info["high_precision_layers"]
+    assert any("/conv_in/" in n for n in kept) and any("/conv_out/" in n for n in kept)
+    assert any("time_embedding/" in n for n in kept)
+    assert not any("resnets.0/conv1/" in n for n in kept) and engine.build_info["int8_layers"] > 10
+    _, held = calib.split(4)
+    measured = snr_db(
+        torch.cat([engine.runner(r) for r in held]), torch.cat([_eager(pipe.unet, r) for r in held])
+    )
+    assert 8 < measured < 60
+
+
+def test_onnx_route_frees_the_converted_model_before_nncf(pipe, calib, monkeypatch):
+    """#14 memory: NNCF reads the fp32 IR memory-mapped; the model converted from ONNX (its own copy of
+    every weight at SD1.5 scale) must already be gone when quantisation starts."""
+    import weakref
+
+    refs = []
+    real_convert = runtime_ov.convert
+
+    def convert(path):
+        model = real_convert(path)
+        refs.append(weakref.ref(model))
+        return model
+
+    class Stop(Exception):
+        pass
+
+    def quantize(model, *args, **kwargs):
+        assert len(refs) == 1 and refs[0]() is None, "the ONNX-converted model is still alive during NNCF"
+        raise Stop
+
+    monkeypatch.setattr(runtime_ov, "convert", convert)
+    monkeypatch.setattr(runtime_ov, "quantize", quantize)
+    with pytest.raises(Stop):
+        compile_engine(pipe.unet, backend="openvino", precision="int8", calibration=calib, use_cache=False)

@@ -37,10 +37,25 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
 
     from tqdm.auto import tqdm
 
-    stages = ["export", *(["quantise"] if precision in QUANTISED else []), "build"]
+    direct = False
+    if backend == "openvino":
+        from .openvino_build import openvino_source, trace_shape
+
+        direct = openvino_source(precision, spec.export) == "pytorch"
+    stages = ["convert" if direct else "export", *(["quantise"] if precision in QUANTISED else []), "build"]
     bar = tqdm(total=len(stages), desc=f"fastdiff {backend}/{precision}", unit="stage", leave=False)
     with bar, tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
         tmp = Path(tmp)
+        if direct:
+            from .openvino_build import build_openvino, convert_pytorch
+
+            bar.set_postfix_str("convert")
+            model = convert_pytorch(unet, signature, spec.export)  # shares the U-Net's weights: no copy held
+            bar.update()
+            bar.set_postfix_str("quantise + build" if precision in QUANTISED else "build")
+            build_openvino(None, entry / ARTIFACT[backend], precision, calib_part, spec, model=model)
+            bar.update(bar.total - bar.n)
+            return
         bar.set_postfix_str("export")
         # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
         # unquantised layers run in fp32. An fp16 export's Q/DQ pass selects no node yet.
@@ -50,7 +65,9 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
             tmp / "unet.onnx",
             opset=spec.export.opset,
             dynamic=spec.export.dynamic,
-            sample_shape=spec.export.sample_shape,
+            sample_shape=trace_shape(signature, spec.export)
+            if backend == "openvino"
+            else spec.export.sample_shape,
             sequence_length=spec.export.sequence_length,
             dtype=onnx_dtype,
         )

@@ -175,6 +175,11 @@ def compile_engine(
         "sequence_length": sequence_length,
         "versions": library_versions(backend),
     }
+    if backend == "openvino":
+        from .openvino_build import openvino_source
+
+        # What was converted: names and graph details (not the function) differ between the two.
+        parts["openvino_source"] = openvino_source(precision, export)
     if precision in QUANTISED and backend == "openvino":
         parts["quant"] = {
             "exclude": list(quant.exclude),

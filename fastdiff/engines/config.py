@@ -51,19 +51,35 @@ class GateConfig:
             raise TypeError(f"GateConfig.force must be True or False, got {self.force!r}")
 
 
+OPENVINO_SOURCES = ("pytorch", "onnx")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
     """ONNX export (see :func:`fastdiff.engines.export_onnx`). sequence_length None: from the
-    calibration records, else the tokenizer's ``model_max_length``, else 77."""
+    calibration records, else the tokenizer's ``model_max_length``, else 77.
+
+    openvino_source: what OpenVINO converts. "pytorch": ``openvino.convert_model`` on the U-Net
+    itself, no ONNX file (weights shared with the U-Net, not copied); "onnx": the ONNX export, as the
+    other backends; None (default): "pytorch" for fp32/bf16 (same output to 0.05 dB, faster) and
+    "onnx" for int8/mixed (NNCF places its quantisers differently on the PyTorch frontend's graph:
+    about 1 dB lower SNR, benchmarks/results/engines-cpu-build-profile*.md). "mixed" always goes
+    through ONNX (its layer sensitivity runs on the ONNX graph)."""
 
     opset: int = 17
     dynamic: tuple[str, ...] = ("batch", "height", "width")
     sample_shape: Sequence[int] | None = None
     sequence_length: int | None = None
+    openvino_source: str | None = None
 
     def __post_init__(self):
         dyn = (self.dynamic,) if isinstance(self.dynamic, str) else tuple(self.dynamic)
         object.__setattr__(self, "dynamic", dyn)
+        if self.openvino_source is not None and self.openvino_source not in OPENVINO_SOURCES:
+            raise ValueError(
+                f"ExportConfig.openvino_source must be one of {list(OPENVINO_SOURCES)} or None (by precision), "
+                f"got {self.openvino_source!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

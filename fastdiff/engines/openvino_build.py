@@ -2,16 +2,27 @@
 
 Kept apart from ``compile.py`` (backend-neutral: cache, gate, install) so each backend's build
 reads in one place. ``layers.json`` beside the model records which layers stayed unquantised.
+
+fp32 and bf16 convert the PyTorch U-Net directly (``openvino.convert_model``, TorchScript tracing,
+weights shared with the module): no ONNX file is written, checked and parsed again. int8 and mixed
+take the ONNX export by default (see ``ExportConfig.openvino_source``): NNCF quantises the PyTorch
+frontend's graph about 1 dB worse. Either way the graph is traced at a small latent when every
+spatial axis stays dynamic (:func:`trace_shape`).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import re
+import warnings
 from pathlib import Path
 
+import torch
+
 from . import runtime_ov
+from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes
 from .mapped import weight_files
 from .quality import QualityGateError
 from .quantization import classify_nodes
@@ -21,18 +32,110 @@ QUANTISED = ("int8", "mixed")
 LAYERS_FILE = "layers.json"
 
 
-def build_openvino(fp_path: Path, artifact: Path, precision: str, calib_part, spec) -> None:
-    """Convert (and for int8/mixed, quantise with NNCF on the records) into ``artifact`` (+ layers.json)."""
+def openvino_source(precision: str, export) -> str:
+    """What the build converts: ``export.openvino_source`` if set (but "onnx" for mixed), else
+    "onnx" for int8/mixed and "pytorch" for fp32/bf16."""
+    if precision == "mixed":
+        return "onnx"
+    if export.openvino_source is not None:
+        return export.openvino_source
+    return "onnx" if precision in QUANTISED else "pytorch"
 
-    model = runtime_ov.convert(fp_path)
+
+def trace_shape(signature, export) -> tuple[int, int, int, int]:
+    """(batch, C, H, W) to trace at: ``export.sample_shape``, else, when batch, height and width all
+    stay dynamic, the smallest latent every level divides (2^(levels-1)): the traced graph is the
+    same and the tracing forward pass sees 1/64 of the pixels of SD1.5's 64x64; else the config's size
+    (the frozen axes take it, as in the ONNX export)."""
+    if export.sample_shape is not None:
+        return tuple(int(s) for s in export.sample_shape)
+    if {"batch", "height", "width"} <= set(export.dynamic):
+        side = 2 ** max(signature.num_levels - 1, 0)
+    else:
+        side = signature.sample_size
+    return (2, signature.in_channels, side, side)
+
+
+def convert_pytorch(unet: torch.nn.Module, signature, export):
+    """``openvino.Model`` of ``unet`` with the flat signature of :mod:`fastdiff.engines.export`.
+
+    The axes in ``export.dynamic`` stay dynamic (the others take :func:`trace_shape`'s sizes). A
+    float32 CPU U-Net's weights are shared, not copied: the model is valid while ``unet`` lives (the
+    build writes it to disk before returning); another device or dtype is converted from a float32
+    CPU copy whose weights the model owns.
+    """
+    ov = runtime_ov.require_openvino()
+    param = next(unet.parameters())
+    moved = param.device.type != "cpu" or param.dtype != torch.float32
+    if moved:
+        unet = copy.deepcopy(unet).to("cpu", torch.float32)
+    batch, _, height, width = trace_shape(signature, export)
+    if batch < 1 or height < 1 or width < 1:
+        raise ValueError(f"ExportConfig.sample_shape must be positive, got {export.sample_shape}")
+    names = signature.input_names
+    example = signature.example_inputs(
+        batch, height, width, export.sequence_length or 77, generator=torch.Generator().manual_seed(0)
+    )
+    axes = _dynamic_axes(signature, export.dynamic)
+    shapes = [
+        ov.PartialShape([-1 if i in axes.get(n, {}) else d for i, d in enumerate(example[n].shape)])
+        for n in names
+    ]
+    was_training = unet.training
+    unet.eval()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+            warnings.simplefilter(
+                "ignore", category=DeprecationWarning
+            )  # torch.jit.trace's, as in export_onnx
+            model = ov.convert_model(
+                _decoder(FlatUNet(unet, signature), tuple(example[n] for n in names), shared=not moved),
+                input=shapes,
+            )
+    finally:
+        if was_training and not moved:
+            unet.train()
+    for name, p in zip(names, model.get_parameters()):
+        p.set_friendly_name(name)
+        p.output(0).get_tensor().set_names({name})
+    model.outputs[0].get_tensor().set_names({OUTPUT_NAME})
+    return model
+
+
+def _decoder(module: torch.nn.Module, example: tuple, shared: bool):
+    """OpenVINO's TorchScript decoder of ``module``, traced once: ``torch.jit.trace``'s default check
+    traces the U-Net a second time and compares the two graphs (a quarter of the conversion time),
+    and the frontend runs no check of its own. ``shared``: the model's constants alias the weights."""
+    from openvino.frontend.pytorch.ts_decoder import TorchScriptPythonDecoder
+
+    return TorchScriptPythonDecoder(
+        module, example_input=example, shared_memory=shared, trace_kwargs={"check_trace": False}
+    )
+
+
+def build_openvino(
+    onnx_path: Path | None, artifact: Path, precision: str, calib_part, spec, model=None
+) -> None:
+    """Write the float model (``model`` from :func:`convert_pytorch`, else converted from ``onnx_path``
+    here) to ``artifact``, for int8/mixed quantised with NNCF on the records first (+ layers.json).
+
+    The ONNX conversion happens here, not in the caller, so that this function holds the only
+    reference to it and ``del`` frees it before NNCF runs."""
+    if model is None:
+        model = runtime_ov.convert(onnx_path)
     if precision not in QUANTISED:
         runtime_ov.save(model, artifact)
         return
-    # NNCF gets the model read back from an fp32 IR: its weights are then a read-only memory map,
-    # whose pages are given back while the CPU plugin holds its packed copy (see mapped.py).
-    fp_ir = runtime_ov.save(model, fp_path.with_name("fp32.xml"))
-    del model
-    model = runtime_ov.require_openvino().Core().read_model(str(fp_ir))
+    weights = ()
+    if onnx_path is not None:
+        # From ONNX, NNCF gets the model read back from an fp32 IR: its weights are then a read-only
+        # memory map, whose pages are given back while the CPU plugin holds its packed copy
+        # (mapped.py). From PyTorch the weights already are the U-Net's own memory.
+        fp_ir = runtime_ov.save(model, onnx_path.with_name("fp32.xml"))
+        del model
+        model = runtime_ov.require_openvino().Core().read_model(str(fp_ir))
+        weights = weight_files(fp_ir)
     keep = list(spec.quant.exclude)
     sensitivity = None
     records = calib_part
@@ -41,10 +144,10 @@ def build_openvino(fp_path: Path, artifact: Path, precision: str, calib_part, sp
     if precision == "mixed":
         fit, held = records.split(4) if len(records) >= 4 else (records, records)
         sensitivity = layer_sensitivity(
-            fp_path, fit, held.subset(2), method="percentile", threads=spec.runtime.threads
+            onnx_path, fit, held.subset(2), method="percentile", threads=spec.runtime.threads
         )
         weak = [r["group"] for r in sensitivity if r["snr_db"] < spec.quant.min_group_snr_db]
-        categories = classify_nodes(fp_path)
+        categories = classify_nodes(onnx_path)
         keep += [f"^{re.escape(name)}(/|$)" for name, cat in categories.items() if cat in weak]
     quantised = runtime_ov.quantize(
         model,
@@ -52,7 +155,7 @@ def build_openvino(fp_path: Path, artifact: Path, precision: str, calib_part, sp
         num_records=len(records),
         exclude=keep,
         smooth_quant=spec.quant.smooth_quant,
-        weights=weight_files(fp_ir),
+        weights=weights,
     )
     runtime_ov.save(quantised, artifact)
     int8 = runtime_ov.quantised_layers(quantised)
@@ -63,7 +166,8 @@ def build_openvino(fp_path: Path, artifact: Path, precision: str, calib_part, sp
         and op.input_value(1).get_node().get_type_name() != "Parameter"
     ]
     layers = {
-        "high_precision_layers": sorted(n for n in weighted if n not in int8),
+        # Module-path names (as in the ONNX graph) whichever way the model was converted.
+        "high_precision_layers": sorted(runtime_ov.module_path_name(n) for n in weighted if n not in int8),
         "int8_layers": len(int8),
         "sensitivity": sensitivity,
     }

@@ -64,6 +64,28 @@ def convert(onnx_path: str | os.PathLike):
     return ov.convert_model(str(onnx_path))
 
 
+def module_path_name(name: str) -> str:
+    """An op name from OpenVINO's PyTorch frontend in the ONNX export's module-path form.
+
+    ``__module.unet.down_blocks.0.resnets.0.conv1/aten::_convolution/Convolution`` becomes
+    ``/unet/down_blocks.0/resnets.0/conv1/aten::_convolution/Convolution`` (index components stay
+    attached, as ``torch.onnx.export`` scopes them), so exclusion patterns written for the ONNX names
+    (:data:`fastdiff.engines.quantization.DEFAULT_EXCLUDE`) match either conversion. Other names pass
+    through unchanged.
+    """
+    prefix = "__module."
+    if not name.startswith(prefix):
+        return name
+    path, sep, rest = name[len(prefix) :].partition("/")
+    parts: list[str] = []
+    for part in path.split("."):
+        if part.isdigit() and parts:
+            parts[-1] += "." + part
+        else:
+            parts.append(part)
+    return "/" + "/".join(parts) + sep + rest
+
+
 def save(model, path: Path) -> Path:
     """Write ``engine.xml`` + ``engine.bin`` (weights kept f32: the hint decides compute precision)."""
     ov = require_openvino()
@@ -162,12 +184,16 @@ def quantize(
     records = _Progress(calibration, int(num_records), "fastdiff NNCF statistics")
     dataset = nncf.Dataset(records, _transform(input_names))
     # fastdiff's exclusions are re.search regexes; NNCF anchors its patterns (re.match), so resolve
-    # them to exact node names here.
+    # them to exact node names here (matched in the ONNX module-path form too: see module_path_name).
     patterns = [re.compile(p) for p in exclude]
     ignored = [
         op.get_friendly_name()
         for op in model.get_ops()
-        if any(p.search(op.get_friendly_name()) for p in patterns)
+        if any(
+            p.search(n)
+            for p in patterns
+            for n in {op.get_friendly_name(), module_path_name(op.get_friendly_name())}
+        )
     ]
     advanced = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if smooth_quant else -1),

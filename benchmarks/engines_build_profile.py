@@ -1,0 +1,230 @@
+"""Where an OpenVINO int8 ``compile_engine`` build spends its time, stage by stage (#14).
+
+One ``compile_engine(unet, backend="openvino", precision="int8")`` build of the full-width
+SD1.5-architecture U-Net (random weights) at 256^2, with the same records and options as the
+``ov-int8`` row of ``benchmarks/engines.py --suite cpu`` (8 records of 2 prompts x 4 DDIM steps;
+every 4th held back; compile_engine splits the rest again). Every stage function is wrapped with a
+timer (fastdiff's own, NNCF's statistics passes and algorithms, OpenVINO's read/compile calls),
+nested calls are kept as a tree, and the timeline is written to ``results/NAME.{json,md}``.
+Nothing here changes what the build does; the wrappers only take timestamps.
+
+    flock /tmp/fastdiff-heavy.lock .venv/bin/python benchmarks/engines_build_profile.py \\
+        --name engines-cpu-build-profile-before
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import env_info, write_results  # noqa: E402
+from engines_cpu import PeakRSS, _records, header  # noqa: E402
+
+# (module, attribute path, label): what gets a timer. Missing targets (another NNCF or fastdiff
+# version) are skipped and listed in the results, never an error.
+TARGETS = (
+    ("fastdiff.engines.compile", "weights_fingerprint", "weights fingerprint"),
+    ("fastdiff.engines.calibration", "CalibrationData.fingerprint", "calibration fingerprint"),
+    ("fastdiff.engines.compile", "build", "build (artifacts)"),
+    ("fastdiff.engines.export", "export_onnx", "ONNX export (total)"),
+    ("torch.onnx", "export", "torch.onnx.export (trace)"),
+    ("fastdiff.engines.export", "save_onnx", "ONNX save"),
+    ("onnx.checker", "check_model", "ONNX checker"),
+    ("fastdiff.engines.runtime_ov", "convert", "openvino.convert_model (ONNX)"),
+    ("fastdiff.engines.openvino_build", "convert_pytorch", "openvino.convert_model (PyTorch)"),
+    ("fastdiff.engines.runtime_ov", "save", "IR save"),
+    ("fastdiff.engines.runtime_ov", "quantize", "NNCF quantize (total)"),
+    ("fastdiff.engines.runtime_ov", "quantised_layers", "int8 layer census"),
+    ("nncf.openvino.graph.nncf_graph_builder", "GraphConverter.create_nncf_graph", "NNCF graph build"),
+    (
+        "nncf.common.tensor_statistics.aggregator",
+        "StatisticsAggregator.collect_statistics",
+        "statistics pass",
+    ),
+    ("nncf.openvino.graph.model_transformer", "OVModelTransformer.transform", "NNCF model transform"),
+    ("nncf.openvino.engine", "OVNativeEngine.__init__", "NNCF compile"),
+    ("nncf.openvino.engine", "OVNativeEngine.infer", "NNCF infer"),
+    ("nncf.quantization.algorithms.smooth_quant.algorithm", "SmoothQuant.apply", "SmoothQuant apply"),
+    ("nncf.quantization.algorithms.min_max.algorithm", "MinMaxQuantization.apply", "MinMax apply"),
+    (
+        "nncf.quantization.algorithms.fast_bias_correction.algorithm",
+        "FastBiasCorrection.apply",
+        "fast bias correction apply",
+    ),
+    ("openvino", "Core.read_model", "ov read_model"),
+    ("openvino", "Core.compile_model", "ov compile_model"),
+    ("fastdiff.engines.cache", "EngineCache.commit", "cache commit (sha256)"),
+    ("fastdiff.engines.cache", "EngineCache.lookup", "cache lookup"),
+    ("fastdiff.engines.runtime_ov", "OvRunner.__init__", "runner load"),
+    ("fastdiff.engines.compile", "measure_quality", "quality check"),
+    ("fastdiff.engines.runtime_ov", "OvRunner.__call__", "engine step"),
+    ("diffusers.models.unets.unet_2d_condition", "UNet2DConditionModel.forward", "PyTorch U-Net forward"),
+)
+
+
+class Timeline:
+    """Start/end of every wrapped call, with its parent (the call it ran inside)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.events: list[dict] = []
+        self._stack: list[int] = []
+        self.missing: list[str] = []
+
+    def wrap(self, module: str, path: str, label: str) -> None:
+        try:
+            owner = importlib.import_module(module)
+            *parents, attr = path.split(".")
+            for p in parents:
+                owner = getattr(owner, p)
+            real = getattr(owner, attr)
+        except (ImportError, AttributeError):
+            self.missing.append(f"{module}.{path}")
+            return
+
+        @functools.wraps(real)
+        def timed(*args, **kwargs):
+            event = {"stage": label, "parent": self._stack[-1] if self._stack else None}
+            event["start_s"] = time.perf_counter() - self.t0
+            self.events.append(event)
+            self._stack.append(len(self.events) - 1)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self._stack.pop()
+                event["end_s"] = time.perf_counter() - self.t0
+
+        setattr(owner, attr, timed)
+
+    def summary(self) -> list[dict]:
+        """One row per (stage, enclosing stage) in order of first start: calls and total seconds."""
+        rows: dict[tuple, dict] = {}
+        for e in self.events:
+            parent = self.events[e["parent"]]["stage"] if e["parent"] is not None else ""
+            row = rows.setdefault(
+                (e["stage"], parent),
+                {
+                    "stage": e["stage"],
+                    "inside": parent,
+                    "calls": 0,
+                    "total_s": 0.0,
+                    "first_start_s": e["start_s"],
+                },
+            )
+            row["calls"] += 1
+            row["total_s"] += e.get("end_s", e["start_s"]) - e["start_s"]
+        for row in rows.values():
+            row["total_s"] = round(row["total_s"], 1)
+            row["first_start_s"] = round(row["first_start_s"], 1)
+        return list(rows.values())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--name", default="engines-cpu-build-profile")
+    p.add_argument("--workdir", default="/tmp/fastdiff-bench-engines-cpu-sd15-256")
+    p.add_argument("--calib-prompts", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--records", type=int, default=32, help="most calibration records (QuantConfig)")
+    p.add_argument("--quality-records", type=int, default=2)
+    p.add_argument("--smooth-quant", choices=["on", "off"], default="on")
+    p.add_argument(
+        "--source",
+        choices=["pytorch", "onnx"],
+        default="pytorch",
+        help="ExportConfig.openvino_source: convert the U-Net directly, or through the ONNX export (before #14's fix)",
+    )
+    p.add_argument("--model", default="sd15-full", choices=["sd15-full", "sd15-half", "tiny"])
+    args = p.parse_args(argv)
+
+    from engines import _prompts, make_pipeline
+
+    from fastdiff.engines import ExportConfig, GateConfig, QuantConfig, compile_engine
+
+    load_before = os.getloadavg()
+    pipe, args.side = make_pipeline(args.model, 256)
+    args.guidance = 7.5
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    calib = _records(pipe, args, work, _prompts(args.calib_prompts))
+    records_s = time.perf_counter() - t
+    fit, held = calib.split(4)
+    held = held.subset(args.quality_records)
+    cache = work / "profile-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+
+    timeline = Timeline()
+    for target in TARGETS:
+        timeline.wrap(*target)
+    timeline.t0 = time.perf_counter()
+    with PeakRSS() as mem:
+        engine = compile_engine(
+            pipe.unet,
+            backend="openvino",
+            precision="int8",
+            calibration=fit,
+            quality_inputs=held,
+            cache_dir=cache,
+            install=False,
+            gate=GateConfig(min_snr_db=None),
+            quant=QuantConfig(max_calibration_records=args.records, smooth_quant=args.smooth_quant == "on"),
+            export=ExportConfig(openvino_source=args.source),
+        )
+    total_s = time.perf_counter() - timeline.t0
+    quality_s = sum(e["end_s"] - e["start_s"] for e in timeline.events if e["stage"] == "quality check")
+    load_after = os.getloadavg()
+    shutil.rmtree(cache, ignore_errors=True)
+
+    rows = timeline.summary()
+    meta = env_info()
+    meta.update(header())
+    meta.update(
+        {
+            "model": args.model,
+            "side_px": args.side,
+            "records": {"calibrate": len(fit), "judge": len(held), "recorded_s": round(records_s, 1)},
+            "smooth_quant": args.smooth_quant == "on",
+            "openvino_source": args.source,
+            "total_s": round(total_s, 1),
+            "quality_check_s": round(quality_s, 1),
+            "total_without_quality_check_s": round(total_s - quality_s, 1),
+            "peak_rss_gb": round(mem.peak / 2**30, 2),
+            "quality": engine.quality,
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in load_after],
+            "not_wrapped": timeline.missing,
+            "timeline": [
+                {**e, "start_s": round(e["start_s"], 2), "end_s": round(e.get("end_s", -1), 2)}
+                for e in timeline.events
+            ],
+        }
+    )
+    notes = "\n".join(
+        [
+            f"- One compile_engine(unet, backend='openvino', precision='int8') of {args.model} "
+            f"at {args.side}^2, {len(fit)} records given (compile_engine holds back every 4th), quality "
+            f"judged on {len(held)} held-back records; SmoothQuant {args.smooth_quant}.",
+            f"- total {total_s:.1f} s = {total_s - quality_s:.1f} s build + {quality_s:.1f} s quality check "
+            f"(first compile of the engine + engine and eager PyTorch on the held-back records); "
+            f"SNR {engine.quality['snr_db']:.2f} dB (worst record {engine.quality['snr_db_min']:.2f}); "
+            f"peak RSS {mem.peak / 2**30:.2f} GB; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}.",
+            "- total_s sums every call of the stage; 'inside' is the stage it ran within (nested rows are part of "
+            "their parent's time). The full timeline (start/end of every call) is in the JSON.",
+        ]
+    )
+    paths = write_results(
+        args.name, rows, meta, ["stage", "inside", "calls", "total_s", "first_start_s"], notes=notes
+    )
+    print("wrote", *paths)
+
+
+if __name__ == "__main__":
+    main()
