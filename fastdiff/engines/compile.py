@@ -7,6 +7,7 @@ The build itself is in ``build.py`` (export, quantise, backend artifact); OpenVI
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -176,9 +177,8 @@ def compile_engine(
         "versions": library_versions(backend),
     }
     if backend == "openvino":
-        from .openvino_build import openvino_source
+        from .openvino_build import openvino_source  # what was converted: graph details differ by route
 
-        # What was converted: names and graph details (not the function) differ between the two.
         parts["openvino_source"] = openvino_source(precision, export)
     if precision in QUANTISED and backend == "openvino":
         parts["quant"] = {
@@ -337,15 +337,11 @@ def _install(pipe, engine: EngineUNet) -> None:
 
 
 def _read_layers(entry: Path) -> dict:
-    import json
-
     path = entry / _LAYERS_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
-    import json
-
     meta_path = cache.entry_dir(key) / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["quality"] = {"inputs": quality_key, "result": quality}
