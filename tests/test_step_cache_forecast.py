@@ -162,7 +162,8 @@ def test_rows_leaving_the_batch_keep_their_own_history(unet):
     assert _rel(batched, alone) < 1e-5
     # and by hand: the remaining rows' own features extrapolated
     f = [_with_entry(unet, xs[k][keep], ts[k], ctx[keep])[1] for k in (0, 1)]
-    want = _with_entry(unet, xs[2][keep], ts[2], ctx[keep], f[1] + 1.0 * (f[1] - f[0]))[0]
+    # default strength 0.5: half the extrapolated change (step 2 from steps 0 and 1)
+    want = _with_entry(unet, xs[2][keep], ts[2], ctx[keep], f[1] + 0.5 * (f[1] - f[0]))[0]
     assert _rel(batched, want) < 1e-5
 
 
@@ -195,6 +196,6 @@ def test_bad_forecast_arguments_name_the_argument(unet, kwargs, match):
 
 def test_repr_and_run_record_the_forecast(unet):
     h = step_cache(unet, mode="uniform", interval=2, forecast="linear", forecast_axis="timestep")
-    assert "forecast='linear', forecast_axis='timestep', forecast_strength=1.0" in repr(h)
+    assert "forecast='linear', forecast_axis='timestep', forecast_strength=0.5" in repr(h)
     h.set("uniform", interval=2)
     assert "forecast='none'" in repr(h) and "forecast_axis" not in repr(h)

@@ -39,7 +39,8 @@ Design (and why):
 * **Forecast, optionally** (TaylorSeer, Liu et al. 2025): ``forecast="linear"`` / ``"quadratic"`` make a
   cached step extrapolate the entry feature from the last 2 / 3 full evaluations instead of replaying the
   last one (:mod:`.forecast`; 1 / 2 more copies of the entry feature per call slot). The default stays
-  ``"none"``: see ``benchmarks/results/step_cache.md`` (parts forecast-train / forecast) for why.
+  ``"none"``: on train prompts (part forecast-train of ``benchmarks/results/step_cache.md``) linear
+  forecasting at strength 0.5 won at 50 steps but lost to replay at 20 steps; quadratic lost everywhere.
 * **torch.compile.** The per-call decision is Python state set in the pre-hook before any unit runs, so
   each path (full, cached) is a graph without breaks; reading the timestep is the one data-dependent
   step (see ``benchmarks/results/step_cache.md`` for ``torch._dynamo.explain`` counts).
@@ -102,7 +103,7 @@ class StepCache(StepClock, CallHooks, RowSelection, Forecaster):
         gate_uncond: bool = False,
         forecast: str = "none",
         forecast_axis: str = "step",
-        forecast_strength: float = 1.0,
+        forecast_strength: float = 0.5,
     ) -> StepCache:
         """Change the policy in place (no re-enable needed); clears cached features."""
         if mode not in MODES:
@@ -219,7 +220,8 @@ def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
             the cached feature; ``"linear"`` / ``"quadratic"``: extrapolate it from the last 2 / 3 full
             evaluations, :mod:`.forecast`; keeps 1 / 2 more copies of the entry feature), ``forecast_axis``
             (``"step"`` or ``"timestep"``: the variable the extrapolation is linear in), ``forecast_strength``
-            (in (0, 1]: the share of the forecast blended with plain reuse).
+            (in (0, 1], default 0.5: the share of the forecast blended with plain reuse; 0.5 had the better
+            worst image than 1.0 in every setting of part forecast-train).
 
     On a fastdiff drop-in pipeline (``fastdiff.StableDiffusionPipeline`` ...) it also installs the rows hook
     of :mod:`.pipeline`, so images that stop at different steps (``early_stop=``) keep their own cached
