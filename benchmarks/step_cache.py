@@ -1026,6 +1026,24 @@ def compile_part() -> dict:
     explain("whole forward, cached step, loop calls begin_step(t)", ts[1])
     assert [r["full"] for r in h.stats.trace][-2:] == [True, False], h.stats.trace
 
+    # A cached step that forecasts (two full steps before it): the weighted sum is in the graph.
+    h.set("schedule", refresh=[0, 1, 3], forecast="linear")
+    h.set_schedule(ts)
+    for t in ts[:2]:
+        h.begin_step(t)
+        inp["timestep"] = torch.tensor(t)
+        with torch.no_grad():
+            unet(**inp)
+    h.begin_step(ts[2])
+    explain("whole forward, cached step with forecast='linear', loop calls begin_step(t)", ts[2])
+    assert h.stats.trace[-1]["full"] is False and h._fc_weights is not None, h.stats.trace
+    h.set("uniform", interval=3)  # back to replay, with a full step's features for the paths below
+    h.set_schedule(ts)
+    h.begin_step(ts[0])
+    inp["timestep"] = torch.tensor(ts[0])
+    with torch.no_grad():
+        unet(**inp)
+
     # The paths themselves, with the step decision taken outside the traced region.
     pre, post = h._hook
     pre.remove()
