@@ -550,7 +550,7 @@ def _early_call(p, prompts, latents, rtol=0.2):
     [
         (dict(mode="uniform", interval=3), 0.1),
         (dict(mode="schedule", refresh=[0, 2, 6], gate_step=2, gate_uncond=True), 0.2),
-        (dict(mode="uniform", interval=3, forecast="linear"), 0.15),
+        (dict(mode="uniform", interval=3, forecast="linear"), 0.1),
     ],
     ids=["uniform", "schedule+gate_uncond", "uniform+forecast"],
 )

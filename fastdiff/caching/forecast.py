@@ -24,8 +24,11 @@ uses as many as it has (one: plain reuse). The history sits in the slot's featur
 ``(key, age)`` keys, so :meth:`.rows.RowSelection.keep_rows` and the guidance halving select its rows with
 the rest, and a run reset drops it.
 
-torch.compile: the weights ``L_j(s)`` are computed in Python from step positions (never from tensor data)
-before the U-Net's units run; the cached path is a fixed weighted sum of tensors.
+torch.compile: the weights ``L_j(s)`` are Python floats computed from step positions (never from tensor data)
+before the U-Net's units run; the cached path is a fixed weighted sum of tensors, without a graph break when
+the loop calls ``begin_step`` (part compile of ``benchmarks/results/step_cache.md``; a weight *tensor* built
+in the pre-hook cost one break). Like the step state the pre-hook already reads, the weights are guarded
+values: a new weight is a new specialisation.
 """
 
 from __future__ import annotations
@@ -48,14 +51,13 @@ def lagrange_weights(nodes: list[float], s: float) -> list[float]:
     return out
 
 
-def combine(values: list, weights: torch.Tensor):
+def combine(values: list, weights: list[float]):
     """``sum_j weights[j] * values[j]`` over tensors or tuples of tensors (plain tensor ops)."""
     first = values[0]
     if isinstance(first, torch.Tensor):
-        w = weights.to(device=first.device, dtype=first.dtype)
-        acc = values[0] * w[0]
+        acc = values[0] * weights[0]
         for j in range(1, len(values)):
-            acc = acc + values[j] * w[j]
+            acc = acc + values[j] * weights[j]
         return acc
     if isinstance(first, (tuple, list)):
         return type(first)(combine([v[i] for v in values], weights) for i in range(len(first)))
@@ -89,7 +91,7 @@ class Forecaster:
             lam = self.forecast_strength  # blend with replay: lam * forecast + (1 - lam) * newest
             w = [lam * x for x in lagrange_weights(nodes, self._fc_s)]
             w[-1] += 1.0 - lam
-            self._fc_weights = torch.tensor(w, dtype=torch.float32)
+            self._fc_weights = w
 
     def _fc_push(self, store: dict, key: int, out) -> None:
         """A full call's entry feature: the newest node; older ones move one age back."""
