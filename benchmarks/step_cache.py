@@ -497,8 +497,154 @@ def plan_part(n_prompts: int, smoke: bool) -> dict:
     }
 
 
+# --------------------------------------------------------------------------------------------- forecast
+# (forecast, axis, strength)
+FORECAST_VARIANTS = (
+    ("none", "step", 1.0),
+    ("linear", "step", 1.0),
+    ("linear", "step", 0.5),
+    ("linear", "timestep", 1.0),
+    ("linear", "timestep", 0.5),
+    ("quadratic", "step", 1.0),
+)
+
+
+def _fc_name(fc: str, axis: str, lam: float) -> str:
+    return "forecast=none" if fc == "none" else f"forecast={fc}/{axis}" + (f" x{lam:g}" if lam != 1 else "")
+
+
+def _eval_attrs(n: int):
+    """Train-split (prompt, attributes), none a calibration prompt: for choosing forecast settings."""
+    from fastdiff.tiny.data import sample_attributes
+
+    calib, out, seen = set(_train_prompts(6)), [], set()
+    for a in sample_attributes(4 * n, seed=12, split="train"):
+        if a.prompt not in calib and a.prompt not in seen:
+            seen.add(a.prompt)
+            out.append(a)
+    out = out[:n]
+    return [a.prompt for a in out], out
+
+
+def forecast_part(n_prompts: int, smoke: bool, split: str) -> dict:
+    """Replay (forecast='none') against feature forecasting, beside DeepCache at exactly its full evaluations.
+
+    50 and 20 DPM-Solver++(2M) steps (the pipe's diffusers scheduler, leading spacing: evenly spaced
+    timesteps, so axis 'step' and 'timestep' give the same forecast there and only 'step' is run), and
+    (train split, for choosing the axis) 30 steps on fastdiff.make_scheduler('dpmpp_2m'), whose timesteps
+    are not evenly spaced.
+    """
+    from DeepCache import DeepCacheSDHelper
+
+    from fastdiff.metrics import score
+    from fastdiff.samplers import make_scheduler
+
+    pipe = _tiny_pipe()
+    prompts, attrs = _heldout(n_prompts) if split == "heldout" else _eval_attrs(n_prompts)
+    meter = UNetMeter(pipe.unet)
+    profile, _ = _measure_profile(pipe, smoke, signal=False)
+    rows = []
+
+    def record(name, sched, steps, images, e2e, base, extra=None):
+        p_unc = _psnr(images, base)
+        acc = score(images.permute(0, 2, 3, 1).numpy(), attrs)
+        row = {
+            "testbed": "fastdiff-tiny",
+            "scheduler": sched,
+            "steps": steps,
+            "method": name,
+            "full_evals": meter.full,
+            "cached_evals": meter.calls - meter.full,
+            "unet_s_per_image": round(meter.seconds / len(prompts), 3),
+            "e2e_s": round(e2e, 2),
+            "psnr_vs_uncached_mean": None if base is images else round(float(p_unc.mean()), 2),
+            "psnr_vs_uncached_min": None if base is images else round(float(p_unc.min()), 2),
+            "attr_all": round(acc["all"], 3),
+            "per_image_psnr_vs_uncached": None if base is images else [round(float(x), 2) for x in p_unc],
+            "load": os.getloadavg()[0],
+        }
+        row.update(extra or {})
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if "per_image" not in k}), flush=True)
+
+    own = pipe.scheduler
+    grid = [("diffusers", 50, (5, 3)), ("diffusers", 20, (3,))]
+    if split == "train":
+        grid.append(("fastdiff dpmpp_2m", 30, (2,)))
+    if smoke:
+        grid = [("diffusers", 10, (3,))]
+    for sched, steps, intervals in grid:
+        pipe.scheduler = own if sched == "diffusers" else make_scheduler("dpmpp_2m", like=own)
+        meter.reset()
+        base, e2e = _generate(pipe, prompts, steps)
+        record("uncached", sched, steps, base, e2e, base)
+        for i in intervals:
+            meter.reset()
+            helper = DeepCacheSDHelper(pipe=pipe)
+            helper.set_params(cache_interval=i, cache_branch_id=0)
+            helper.enable()
+            try:
+                images, e2e = _generate(pipe, prompts, steps)
+            finally:
+                helper.disable()
+            record(f"DeepCache i={i} b=0", sched, steps, images, e2e, base)
+            n_dc = len(range(0, steps, i))
+            plans = [(f"(= DeepCache i={i})", plan_refresh(profile, steps, n_dc))]
+            if steps == 20 and i == 3:  # goal 2's row: the planner at uniform interval 3's budget (8 full)
+                plans.append(("(goal 2: schedule i=3)", sorted(plan_refresh(profile, steps, n_dc + 1))))
+            for tag, plan in plans:
+                for fc, axis, lam in FORECAST_VARIANTS:
+                    if axis == "timestep" and sched == "diffusers":
+                        continue  # evenly spaced timesteps: the same forecast as axis 'step'
+                    if fc == "quadratic" and split != "train":
+                        continue  # lost everywhere on the train prompts (part forecast-train)
+                    h = step_cache(
+                        pipe,
+                        mode="schedule",
+                        refresh=plan,
+                        forecast=fc,
+                        forecast_axis=axis,
+                        forecast_strength=lam,
+                    )
+                    meter.reset()
+                    images, e2e = _generate(pipe, prompts, steps)
+                    refresh = [r["step"] for r in h.stats.trace if r["full"]]
+                    installed.undo_all(pipe)
+                    name = f"fastdiff schedule {len(plan)} full {_fc_name(fc, axis, lam)}"
+                    record(f"{name} {tag}", sched, steps, images, e2e, base, {"refresh_steps": refresh})
+    pipe.scheduler = own
+    meter.remove()
+    _gains(rows)
+    return {
+        "rows": rows,
+        "planner": "gap-cost",
+        "split": split,
+        "setup": (
+            f"fastdiff-tiny (shipped weights), {len(prompts)} "
+            + (
+                f"held-out prompts (every {max(1, 72 // n_prompts)}th)"
+                if split == "heldout"
+                else "TRAIN-split prompts (not the planner's calibration prompts): used to choose the default"
+            )
+            + f", one seed per prompt, guidance {GUIDANCE}, one batch of all prompts, {torch.get_num_threads()} "
+            "torch thread(s). scheduler 'diffusers': the pipe's DPMSolverMultistepScheduler (DPM-Solver++(2M), "
+            "leading spacing: evenly spaced timesteps, so forecast axis 'timestep' equals 'step' and is not run); "
+            "'fastdiff dpmpp_2m': fastdiff.make_scheduler (from t=999, unevenly spaced). fastdiff rows: "
+            "plan_refresh (single-step sensitivity profile on 6 calibration train prompts, gap bound) at exactly "
+            "DeepCache's number of full evaluations; forecast=none replays the cached feature (as before), "
+            "linear / quadratic extrapolate it from the last 2 / 3 full evaluations (fastdiff.caching.forecast), "
+            "'x0.5': forecast_strength 0.5 (half the extrapolated change). "
+            "PSNR of each decoded image against the uncached run of the same scheduler and step count; "
+            "unet_s_per_image: time inside U-Net calls / prompts (2-core machine shared with other work: see "
+            "load). gain_vs_deepcache: per-image differences against the DeepCache row of the same cost."
+        ),
+    }
+
+
 # ---------------------------------------------------------------------------------------------- dynamic
-def dynamic_part(n_prompts: int, smoke: bool, fastdiff_scheduler: bool = False) -> dict:
+def dynamic_part(
+    n_prompts: int, smoke: bool, fastdiff_scheduler: bool = False, forecast: bool = False
+) -> dict:
     """Goal 3's rows. ``fastdiff_scheduler``: every run uses ``make_scheduler("dpmpp_2m", like=...)`` (fastdiff's
     step control: every step count starts at t=999) instead of the pipe's leading-spaced diffusers scheduler,
     whose 30/50/100-step runs start at t=961/951/901 and so solve different problems
@@ -594,6 +740,19 @@ def dynamic_part(n_prompts: int, smoke: bool, fastdiff_scheduler: bool = False) 
                 "ff",
             ),
         ]
+    if forecast:  # goal 3's cached rows again, replay against forecasting (FORECAST_VARIANTS but quadratic)
+        cached = [
+            ("fixed 30 + schedule i=2", 30, dict(mode="schedule", refresh=profile, interval=2)),
+            ("fixed 50 + schedule 16 full", 50, dict(mode="schedule", refresh=plan_refresh(profile, 50, 16))),
+            ("fixed 50 + schedule i=4", 50, dict(mode="schedule", refresh=profile, interval=4)),
+            ("fixed 20 + schedule i=2", 20, dict(mode="schedule", refresh=profile, interval=2)),
+        ]
+        configs = [c for c in configs if c[2] is None]
+        for name, steps, opts in cached:
+            for fc, axis, lam in FORECAST_VARIANTS:
+                if fc != "quadratic":
+                    o = dict(opts, forecast=fc, forecast_axis=axis, forecast_strength=lam)
+                    configs.append((f"{name} {_fc_name(fc, axis, lam)}", steps, o, None))
     if smoke:
         configs = [(n, min(s, 10), o, c) for n, s, o, c in configs[2:3] + configs[-1:]]
     for name, steps, opts, ctl in configs:
@@ -867,6 +1026,24 @@ def compile_part() -> dict:
     explain("whole forward, cached step, loop calls begin_step(t)", ts[1])
     assert [r["full"] for r in h.stats.trace][-2:] == [True, False], h.stats.trace
 
+    # A cached step that forecasts (two full steps before it): the weighted sum is in the graph.
+    h.set("schedule", refresh=[0, 1, 3], forecast="linear")
+    h.set_schedule(ts)
+    for t in ts[:2]:
+        h.begin_step(t)
+        inp["timestep"] = torch.tensor(t)
+        with torch.no_grad():
+            unet(**inp)
+    h.begin_step(ts[2])
+    explain("whole forward, cached step with forecast='linear', loop calls begin_step(t)", ts[2])
+    assert h.stats.trace[-1]["full"] is False and h._fc_weights is not None, h.stats.trace
+    h.set("uniform", interval=3)  # back to replay, with a full step's features for the paths below
+    h.set_schedule(ts)
+    h.begin_step(ts[0])
+    inp["timestep"] = torch.tensor(ts[0])
+    with torch.no_grad():
+        unet(**inp)
+
     # The paths themselves, with the step decision taken outside the traced region.
     pre, post = h._hook
     pre.remove()
@@ -960,7 +1137,8 @@ def merge() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["tiny", "plan", "dynamic", "sd15", "sd15e2e", "compile"])
+    ap.add_argument("--part", choices=["tiny", "plan", "forecast", "dynamic", "sd15", "sd15e2e", "compile"])
+    ap.add_argument("--split", choices=["heldout", "train"], default="heldout", help="forecast part: prompts")
     ap.add_argument("--interval", type=int, default=5, help="sd15e2e: DeepCache interval to match")
     ap.add_argument("--steps", default="50", help="tiny part: comma-separated step counts")
     ap.add_argument("--prompts", type=int, default=12)
@@ -974,6 +1152,7 @@ def main() -> None:
         help="dynamic part: fastdiff's make_scheduler for every run",
     )
     ap.add_argument("--goal1", action="store_true", help="tiny part: goal 1's equal-cost rows only")
+    ap.add_argument("--forecast", action="store_true", help="dynamic part: cached rows with forecasting")
     ap.add_argument(
         "--threads", type=int, default=2, help="torch threads (1 on a machine oversubscribed by others)"
     )
@@ -990,11 +1169,18 @@ def main() -> None:
             tiny_part(steps, 2 if args.small else args.prompts, args.small, goal1=args.goal1),
             ("goal1-tiny" if args.goal1 else "tiny") + "_".join(map(str, steps)),
         )
+    elif args.part == "forecast":
+        res = forecast_part(2 if args.small else args.prompts, args.small, args.split)
+        name = "forecast" if args.split == "heldout" else "forecast-train"
     elif args.part == "plan":
         res, name = plan_part(2 if args.small else args.prompts, args.small), "plan"
     elif args.part == "dynamic":
-        res = dynamic_part(2 if args.small else args.prompts, args.small, args.fastdiff_scheduler)
-        name = "dynamic-fastdiff" if args.fastdiff_scheduler else "dynamic"
+        res = dynamic_part(
+            2 if args.small else args.prompts, args.small, args.fastdiff_scheduler, args.forecast
+        )
+        name = ("dynamic-fastdiff" if args.fastdiff_scheduler else "dynamic") + (
+            "-forecast" if args.forecast else ""
+        )
     elif args.part == "sd15e2e":
         px = int(args.sizes.split(",")[0])
         steps = 10 if args.small else int(args.steps)

@@ -550,8 +550,9 @@ def _early_call(p, prompts, latents, rtol=0.2):
     [
         (dict(mode="uniform", interval=3), 0.1),
         (dict(mode="schedule", refresh=[0, 2, 6], gate_step=2, gate_uncond=True), 0.2),
+        (dict(mode="uniform", interval=3, forecast="linear"), 0.1),
     ],
-    ids=["uniform", "schedule+gate_uncond"],
+    ids=["uniform", "schedule+gate_uncond", "uniform+forecast"],
 )
 def test_pipeline_rows_stopping_at_different_steps_match_each_row_run_alone(fpipe, opts, rtol):
     import fastdiff

@@ -1,7 +1,9 @@
 """Step caching for diffusers U-Nets: reuse deep features across denoising steps.
 
 ``handle = fastdiff.step_cache(pipe, mode="uniform", interval=3, branch=0)`` (or ``"schedule"``,
-``"adaptive"``, ``"off"``; ``gate_step=`` adds cross-attention gating). ``fastdiff.restore(pipe)`` removes it.
+``"adaptive"``, ``"off"``; ``gate_step=`` adds cross-attention gating; ``forecast="linear"`` extrapolates the
+cached feature from the last full steps instead of replaying it, :mod:`.forecast`). ``fastdiff.restore(pipe)``
+removes it.
 See :mod:`fastdiff.caching.cache` for the design, :mod:`.policy` for the measured refresh schedule and
 :mod:`.pipeline` for fastdiff's drop-in pipelines (rows stopping early; ``output.fastdiff.step_cache``).
 """

@@ -36,6 +36,11 @@ Design (and why):
   cross-attention returns its output from the gate step; with ``gate_uncond=True`` a guidance pair
   ``[x; x]`` then runs once, on the conditional half with the halves' mean cross-attention (T-GATE's
   second saving, which also ends guidance). The first and last steps always run in full.
+* **Forecast, optionally** (TaylorSeer, Liu et al. 2025): ``forecast="linear"`` / ``"quadratic"`` make a
+  cached step extrapolate the entry feature from the last 2 / 3 full evaluations instead of replaying the
+  last one (:mod:`.forecast`; 1 / 2 more copies of the entry feature per call slot). The default stays
+  ``"none"``: on train prompts (part forecast-train of ``benchmarks/results/step_cache.md``) linear
+  forecasting at strength 0.5 won at 50 steps but lost to replay at 20 steps; quadratic lost everywhere.
 * **torch.compile.** The per-call decision is Python state set in the pre-hook before any unit runs, so
   each path (full, cached) is a graph without breaks; reading the timestep is the one data-dependent
   step (see ``benchmarks/results/step_cache.md`` for ``torch._dynamo.explain`` counts).
@@ -50,6 +55,7 @@ import torch
 from torch import nn
 
 from fastdiff import installed
+from fastdiff.caching.forecast import AXES, FORECASTS, Forecaster
 from fastdiff.caching.hooks import HANDLE_ATTR, CallHooks
 from fastdiff.caching.pipeline import install_rows_hook
 from fastdiff.caching.policy import StepProfile, explicit_refresh
@@ -63,7 +69,7 @@ __all__ = ["MODES", "StepCache", "StepCacheRun", "StepCacheStats", "step_cache"]
 MODES = ("uniform", "schedule", "adaptive", "off")
 
 
-class StepCache(StepClock, CallHooks, RowSelection):
+class StepCache(StepClock, CallHooks, RowSelection, Forecaster):
     """Handle returned by :func:`step_cache`; holds the policy, the cached features and the stats."""
 
     def __init__(self, unet: nn.Module, pipe=None):
@@ -95,6 +101,9 @@ class StepCache(StepClock, CallHooks, RowSelection):
         max_skip: int | None = None,
         gate_step: int | None = None,
         gate_uncond: bool = False,
+        forecast: str = "none",
+        forecast_axis: str = "step",
+        forecast_strength: float = 0.5,
     ) -> StepCache:
         """Change the policy in place (no re-enable needed); clears cached features."""
         if mode not in MODES:
@@ -123,11 +132,25 @@ class StepCache(StepClock, CallHooks, RowSelection):
             raise ValueError(f"gate_step must be None or an int >= 0 (run-relative step), got {gate_step!r}")
         if not isinstance(gate_uncond, bool) or (gate_uncond and gate_step is None):
             raise ValueError(f"gate_uncond must be a bool and needs gate_step, got {gate_uncond!r}")
+        if forecast not in FORECASTS:
+            raise ValueError(f"forecast must be one of {', '.join(map(repr, FORECASTS))}, got {forecast!r}")
+        if forecast_axis not in AXES:
+            raise ValueError(
+                f"forecast_axis must be one of {', '.join(map(repr, AXES))}, got {forecast_axis!r}"
+            )
+        if not (
+            isinstance(forecast_strength, (int, float))
+            and not isinstance(forecast_strength, bool)
+            and 0 < forecast_strength <= 1
+        ):
+            raise ValueError(f"forecast_strength must be a number in (0, 1], got {forecast_strength!r}")
         if gate_step is not None and not self._xattn:
             raise ValueError("gate_step was given but this U-Net has no cross-attention to gate")
         self.mode, self.interval, self.branch = mode, interval, branch
         self.refresh, self.threshold, self.gate_step = refresh, float(threshold), gate_step
         self.gate_uncond = gate_uncond
+        self.forecast, self.forecast_axis = forecast, forecast_axis
+        self.forecast_strength = float(forecast_strength)
         self.max_skip = max_skip if max_skip is not None else (4 if mode == "adaptive" else None)
         self._replayed = {id(u.module) for u in self._layout.replayed(branch)}
         self._entry = id(self._layout.entry(branch).module)
@@ -164,7 +187,7 @@ class StepCache(StepClock, CallHooks, RowSelection):
 
     def last_run(self) -> StepCacheRun | None:
         """What the cache did in the current or last run (None before the first U-Net call)."""
-        return run_summary(self.stats, self.mode, self.enabled)
+        return run_summary(self.stats, self.mode, self.enabled, self.forecast)
 
     @property
     def installed(self) -> bool:
@@ -173,7 +196,13 @@ class StepCache(StepClock, CallHooks, RowSelection):
     def __repr__(self) -> str:
         return (
             f"StepCache(mode={self.mode!r}, interval={self.interval}, branch={self.branch}, "
-            f"gate_step={self.gate_step}, enabled={self.enabled}, installed={self.installed})"
+            f"gate_step={self.gate_step}, forecast={self.forecast!r}"
+            + (
+                f", forecast_axis={self.forecast_axis!r}, forecast_strength={self.forecast_strength}"
+                if self.forecast != "none"
+                else ""
+            )
+            + f", enabled={self.enabled}, installed={self.installed})"
         )
 
 
@@ -187,7 +216,12 @@ def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
         **options: ``interval`` (3), ``branch`` (0 = shallowest), ``refresh`` (schedule mode: steps or a
             :class:`StepProfile`), ``threshold`` (adaptive, 0.1), ``max_skip`` (adaptive, 4),
             ``gate_step`` (cross-attention gating from this run-relative step on), ``gate_uncond``
-            (after the gate, run a guidance pair's conditional half only).
+            (after the gate, run a guidance pair's conditional half only), ``forecast`` (``"none"``: replay
+            the cached feature; ``"linear"`` / ``"quadratic"``: extrapolate it from the last 2 / 3 full
+            evaluations, :mod:`.forecast`; keeps 1 / 2 more copies of the entry feature), ``forecast_axis``
+            (``"step"`` or ``"timestep"``: the variable the extrapolation is linear in), ``forecast_strength``
+            (in (0, 1], default 0.5: the share of the forecast blended with plain reuse; 0.5 had the better
+            worst image than 1.0 in every setting of part forecast-train).
 
     On a fastdiff drop-in pipeline (``fastdiff.StableDiffusionPipeline`` ...) it also installs the rows hook
     of :mod:`.pipeline`, so images that stop at different steps (``early_stop=``) keep their own cached

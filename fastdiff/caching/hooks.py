@@ -60,6 +60,7 @@ class CallHooks:
             self._slot = 0
             self._accum_step = False
             self._locate(tvals)
+            self._fc_s = self._fc_position(tvals)
             self._step_full = self._decide_full()
             self.stats.steps += 1
             self.stats.trace.append({"step": self._step, "t": tvals[0], "full": self._step_full})
@@ -70,6 +71,7 @@ class CallHooks:
             self._gate.append({})
             self._slot_batch.append(None)
             self._probe_prev.append(None)
+            self._fc_nodes.append([])
         batch = sample.shape[0]
         if self._first_batch is None:  # the first call since the rows hook was (re)armed covers every row
             self._first_batch = batch
@@ -94,6 +96,7 @@ class CallHooks:
             self.stats.run_calls[2] += 1
         else:
             self._call = "cached" if self._step_full is False else "probe"
+        self._fc_prepare()
         self._slot_batch[self._slot] = batch
         self.stats.unet_calls += 1
         self.stats.gated_calls += self._gating
@@ -134,12 +137,15 @@ class CallHooks:
         def forward(*args, **kwargs):
             store = self._slots[self._slot]
             if self._call == "cached" and key in self._replayed and key in store:
-                return store[key]
+                # only the entry feature reaches a fresh unit: it alone is forecast (.forecast)
+                return self._fc_predict(store, key) if key == self._entry else store[key]
             out = original(*args, **kwargs)
             if self._call == "full" and (key in self._replayed or key == self._entry):
                 if key == self._entry and self.mode == "off" and self._slot == 0 and key in store:
                     self._record_drift(store[key], out)  # measuring for StepProfile only: a host sync
-                if self.mode != "off" or key == self._entry:
+                if key == self._entry and self.mode != "off":
+                    self._fc_push(store, key, out)
+                elif self.mode != "off" or key == self._entry:
                     store[key] = out
             if key == self._probe and self.mode == "adaptive":
                 if self._call == "probe":

@@ -60,6 +60,7 @@ class StepCacheRun:
     refresh_steps: tuple[int, ...]
     forced_refreshes: int
     notes: tuple[str, ...]
+    forecast: str = "none"  # how cached steps got the entry feature (see fastdiff.caching.forecast)
 
     @property
     def skipped_fraction(self) -> float:
@@ -71,13 +72,16 @@ class StepCacheRun:
         return (
             f"{self.full_evals} full / {self.cached_evals} cached U-Net evaluations "
             f"({self.skipped_fraction:.0%} skipped) over {self.steps} steps, mode {self.mode!r}"
+            + (f", forecast {self.forecast!r}" if self.forecast != "none" else "")
             + ("" if self.enabled else " (disabled)")
             + f", refresh steps {list(self.refresh_steps)}"
             + (f", {self.forced_refreshes} forced refreshes" if self.forced_refreshes else "")
         )
 
 
-def run_summary(stats: StepCacheStats, mode: str, enabled: bool) -> StepCacheRun | None:
+def run_summary(
+    stats: StepCacheStats, mode: str, enabled: bool, forecast: str = "none"
+) -> StepCacheRun | None:
     """The :class:`StepCacheRun` of the current or last run in ``stats`` (None before the first run)."""
     if not stats.trace:
         return None
@@ -91,4 +95,5 @@ def run_summary(stats: StepCacheStats, mode: str, enabled: bool) -> StepCacheRun
         refresh_steps=tuple(r["step"] for r in stats.trace if r["full"]),
         forced_refreshes=forced,
         notes=tuple(stats.notes),
+        forecast=forecast,
     )

@@ -27,6 +27,9 @@ class StepClock:
         self._gate: list[dict] = []
         self._slot_batch: list[int | None] = []
         self._probe_prev: list[torch.Tensor | None] = []
+        self._fc_nodes: list[list[float]] = []  # per slot: positions of the entry history (.forecast)
+        self._fc_s = 0.0  # the current step's position on the forecast axis
+        self._fc_weights: list[float] | None = None  # the current call's forecast weights (None: replay)
         self._accum = 0.0
         self._since_full = 0
         self._step_full: bool | None = None
