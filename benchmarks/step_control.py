@@ -301,9 +301,7 @@ def part_tiny(log, every: int = 3, n_train: int = 16, ref_cache: str | None = No
 
 
 # ----------------------------------------------------------------------------- where the error is made
-def part_handoff(
-    log, rows=(6, 5), n: int = 18, splits=(2, 4, 6, 8, 10, 12, 14), fine: int = 40, ref_cache=None
-):
+def part_handoff(log, rows=(6,), n: int = 18, splits=(4, 6, 8), fine: int = 20, ref_cache=None):
     """Which sigma band makes a fixed run's error: training prompts ``rows`` (of the 16 the tuning uses; row 6
     is their worst image at fixed 18 Karras), the ``n``-step Karras run with its steps above ``sigmas[k]``
     replaced by ``fine`` Karras steps ("fine above"), or those below ("fine below"), final step "variance".
