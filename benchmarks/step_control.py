@@ -3,14 +3,15 @@
 
 Modes, all driven by the one loop ``fastdiff.dynamic.sample``:
 
-* ``fast-forward``: :class:`fastdiff.dynamic.FastForward` on the default 30-step DPM-Solver++(2M) run: a row
-  whose x0 prediction has converged (EarlyStop's criterion, sigma <= 1) finishes with ``jumps`` large steps.
+* ``fast-forward``: :class:`fastdiff.dynamic.FastForward` on a ``base``-step DPM-Solver++(2M) run (default
+  schedule): a row whose x0 prediction has converged (EarlyStop's criterion below ``max_sigma``) finishes with
+  ``jumps`` large steps. Settings are ``(rtol, jumps, base, max_sigma)``.
 * ``adaptive``: :class:`fastdiff.samplers.AdaptiveScheduler`, error-controlled step size (``atol`` tied to
   ``rtol`` as in DPM-Solver's defaults, 0.0078 / 0.05).
 * ``early stop`` (context only): :class:`EarlyStop` with its defaults.
 
 Thresholds are chosen on training data only: the mixture ``GaussianMixture.random(dims=48, components=6,
-seed=1)`` and 8 training-split prompts. The rule: fewest mean NFE that meets goal G2 there (mixture: median
+seed=1)`` and 16 training-split prompts (8 before 2026-12-03 19:00). The rule: fewest mean NFE that meets goal G2 there (mixture: median
 RMS <= 2x the 30-step run's; tiny: worst-image PSNR >= 30 dB vs the reference), else the most accurate setting.
 Evaluation is held out: a mixture of another seed and size (``dims=64, components=8, seed=7``; 128 samples)
 and every 3rd of the 72 held-out prompt combinations of fastdiff-tiny (shipped ``base`` weights, guidance 5,
@@ -24,7 +25,11 @@ better of DPM-Solver++(2M) Karras and trailing at each NFE; tiny: DPM-Solver++(2
 
     flock /tmp/fastdiff-heavy.lock python benchmarks/step_control.py --part gmm
     flock /tmp/fastdiff-heavy.lock python benchmarks/step_control.py --part tiny
+    flock /tmp/fastdiff-heavy.lock python benchmarks/step_control.py --part handoff  # -> results/step_control-handoff.md
     python benchmarks/step_control.py --part nonfinite     # -> results/nonfinite_check.md
+
+``--ref-cache DIR`` keeps the 200-step reference latents of the tiny parts (keyed by prompts, noise and
+reference config) so a rerun does not recompute them.
     python benchmarks/step_control.py --report             # rewrite the markdown from the json
 """
 
