@@ -649,13 +649,14 @@ def dynamic_part(
     forecast: bool = False,
     sixteen_full: bool = False,
 ) -> dict:
-    """Goal 3's rows. ``fastdiff_scheduler``: every run uses ``make_scheduler("dpmpp_2m", like=...)`` (fastdiff's
-    step control: every step count starts at t=999) instead of the pipe's leading-spaced diffusers scheduler,
-    whose 30/50/100-step runs start at t=961/951/901 and so solve different problems
+    """Goal 3's rows. ``fastdiff_scheduler``: every run uses ``make_scheduler("dpmpp_2m", like=...)``
+    (fastdiff's step control: every step count starts at t=999) instead of the pipe's leading-spaced diffusers
+    scheduler, whose 30/50/100-step runs start at t=961/951/901 and so solve different problems
     (results/reference_convergence.md); it adds the uncached fixed runs of equal full-evaluation cost and
-    FastForward, the one controller that met #12's G1. ``sixteen_full``: goal 3 at exactly its bound (16 full
-    evaluations, 3.12x fewer than 50): runs of 18, 20 and 24 steps that cache only the steps beyond 16,
-    beside uncached 16, 18 and 20, so the row says whether caching adds anything over fewer steps."""
+    FastForward, which met #12's G1 at 25 NFE (step_control.md at 47f793b). ``sixteen_full``: goal 3 at
+    exactly its bound (16 full evaluations, 3.12x fewer than 50): runs of 18, 20 and 24 steps that cache only
+    the steps beyond 16, beside uncached 16, 18 and 20, so the row says whether caching adds anything over
+    fewer steps."""
     from diffusers import DPMSolverMultistepScheduler  # noqa: F401  (scheduler class of the pipe)
 
     from fastdiff.dynamic import EarlyStop, FastForward, sample
@@ -730,7 +731,7 @@ def dynamic_part(
         ("fixed 50 + schedule i=4", 50, dict(mode="schedule", refresh=profile, interval=4), None),
         ("early stop (30) + schedule i=2", 30, dict(mode="schedule", refresh=profile, interval=2), "es"),
     ]
-    if fastdiff_scheduler:  # the equal-cost uncached alternatives, and the controller that met #12's G1
+    if fastdiff_scheduler:  # the equal-cost uncached alternatives, and FastForward (met #12's G1 at 25 NFE)
         configs[2:2] = [("fixed 14", 14, None, None), ("fixed 16", 16, None, None)]
         configs += [
             (
