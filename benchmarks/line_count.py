@@ -155,6 +155,18 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
         "0ecd63a",
         "records streamed from disk (#14)",
     ),
+    "fastdiff/_cache_dir.py": (
+        "fastdiff/ top level",
+        True,
+        "930cf0b",
+        "one cache-folder rule replacing two copies (#10)",
+    ),
+    "fastdiff/caching/forecast.py": (
+        "step caching",
+        False,
+        "7d8bf65",
+        "feature forecasting on cached steps (#13)",
+    ),
     "fastdiff/engines/mapped.py": (
         "calibration on disk",
         False,
