@@ -1,9 +1,9 @@
 """fastdiff._compat: install hints name real packages or real extras (there is no 'fastdiff[triton]')."""
 
 import pytest
-from fastdiff.kernels import _device
 
 from fastdiff import _compat
+from fastdiff.kernels import _device
 
 
 def test_missing_module_without_an_extra_suggests_the_package_itself():

@@ -9,13 +9,13 @@ Compiled kernels run where CUDA exists; the interpreter (set by conftest.py) onl
 import pytest
 import torch
 import torch.nn.functional as F
-from fastdiff.kernels import fused_norm_conv as fk
-from fastdiff.kernels import group_norm_silu as gk
-from fastdiff.kernels.winograd import transform_weight
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fastdiff._compat import triton_usable
+from fastdiff.kernels import fused_norm_conv as fk
+from fastdiff.kernels import group_norm_silu as gk
+from fastdiff.kernels.winograd import transform_weight
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(

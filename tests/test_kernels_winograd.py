@@ -15,11 +15,11 @@ the native error (the 5e-4 vs 2e-4 of the literature). The bound below is theref
 import pytest
 import torch
 import torch.nn.functional as F
-from fastdiff.kernels import winograd as wg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastdiff._compat import triton_usable
+from fastdiff.kernels import winograd as wg
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(
