@@ -120,6 +120,19 @@ def _train_prompts(n: int):
     return [a.prompt for a in sample_attributes(n, seed=11, split="train")]
 
 
+def _deepcache_generate(pipe, prompts, steps, interval: int):
+    """``_generate`` with DeepCache (the peer, from its package) at ``interval``, branch 0, then disabled."""
+    from DeepCache import DeepCacheSDHelper
+
+    helper = DeepCacheSDHelper(pipe=pipe)
+    helper.set_params(cache_interval=interval, cache_branch_id=0)
+    helper.enable()
+    try:
+        return _generate(pipe, prompts, steps)
+    finally:
+        helper.disable()
+
+
 def _generate(pipe, prompts, steps, call=None, **kw):
     gens = [torch.Generator().manual_seed(100 + i) for i in range(len(prompts))]
     call = call or pipe
@@ -176,7 +189,6 @@ def _gains(rows: list[dict]) -> None:
 
 def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool, goal1: bool = False) -> dict:
     """All rows, or (``goal1``) only goal 1's equal-cost rows: DeepCache, the planner, the previous planner."""
-    from DeepCache import DeepCacheSDHelper
 
     from fastdiff.metrics import score
 
@@ -286,13 +298,7 @@ def tiny_part(step_counts: list[int], n_prompts: int, smoke: bool, goal1: bool =
         for i in intervals:
             meter.reset()
             try:
-                helper = DeepCacheSDHelper(pipe=pipe)
-                helper.set_params(cache_interval=i, cache_branch_id=0)
-                helper.enable()
-                try:
-                    images, e2e = _generate(pipe, prompts, steps)
-                finally:
-                    helper.disable()
+                images, e2e = _deepcache_generate(pipe, prompts, steps, i)
                 record(f"DeepCache i={i} b=0", steps, images, e2e, base)
             except Exception as e:  # a peer failing on this diffusers version is a result
                 rows.append(
@@ -415,7 +421,6 @@ def plan_part(n_prompts: int, smoke: bool) -> dict:
     full evaluations, next to DeepCache itself.
     """
     import numpy as np
-    from DeepCache import DeepCacheSDHelper
 
     from fastdiff.caching.profile import measure_gaps, profile_from_gaps
 
@@ -438,13 +443,7 @@ def plan_part(n_prompts: int, smoke: bool) -> dict:
         seen = {}
         for i in intervals:
             n_full = len(range(0, steps, i))
-            helper = DeepCacheSDHelper(pipe=pipe)
-            helper.set_params(cache_interval=i, cache_branch_id=0)
-            helper.enable()
-            try:
-                images, _ = _generate(pipe, prompts, steps)
-            finally:
-                helper.disable()
+            images, _ = _deepcache_generate(pipe, prompts, steps, i)
             dc = _psnr(images, base)
             for name, (prof, bound) in planners.items():
                 cap = steps - 1 if bound == "none" else 2 * math.ceil((steps - 1) / (n_full - 1))
@@ -534,7 +533,6 @@ def forecast_part(n_prompts: int, smoke: bool, split: str) -> dict:
     (train split, for choosing the axis) 30 steps on fastdiff.make_scheduler('dpmpp_2m'), whose timesteps
     are not evenly spaced.
     """
-    from DeepCache import DeepCacheSDHelper
 
     from fastdiff.metrics import score
     from fastdiff.samplers import make_scheduler
@@ -580,13 +578,7 @@ def forecast_part(n_prompts: int, smoke: bool, split: str) -> dict:
         record("uncached", sched, steps, base, e2e, base)
         for i in intervals:
             meter.reset()
-            helper = DeepCacheSDHelper(pipe=pipe)
-            helper.set_params(cache_interval=i, cache_branch_id=0)
-            helper.enable()
-            try:
-                images, e2e = _generate(pipe, prompts, steps)
-            finally:
-                helper.disable()
+            images, e2e = _deepcache_generate(pipe, prompts, steps, i)
             record(f"DeepCache i={i} b=0", sched, steps, images, e2e, base)
             n_dc = len(range(0, steps, i))
             plans = [(f"(= DeepCache i={i})", plan_refresh(profile, steps, n_dc))]
