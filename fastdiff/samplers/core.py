@@ -31,7 +31,7 @@ import torch
 from .ddim import ddim_update, euler_update
 from .dpm_solver import dpmpp_sde_update, dpmpp_update
 from .lcm import lcm_denoised, lcm_update
-from .unipc import SOLVER_TYPES, unipc_correct, unipc_predict
+from .unipc import check_solver_type, unipc_correct, unipc_predict
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,7 @@ class SolverState:
             raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {final_step!r}")
         if eta < 0:
             raise ValueError(f"eta must be >= 0, got {eta}")
-        if solver_type not in SOLVER_TYPES:
-            raise ValueError(f"solver_type (UniPC's B(h)) must be one of {SOLVER_TYPES}, got {solver_type!r}")
+        check_solver_type(solver_type)
         self.name = name
         self.sigmas = [float(s) for s in sigmas]
         self.n = len(self.sigmas) - 1

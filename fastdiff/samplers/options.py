@@ -13,7 +13,7 @@ import torch
 
 from .core import FINAL_STEPS, SAMPLERS
 from .schedules import NAMED_SCHEDULES
-from .unipc import SOLVER_TYPES
+from .unipc import check_solver_type
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 
@@ -62,8 +62,7 @@ def validate_options(sampler: str, **o) -> None:
                 f"sigmas (float) or timesteps (int), got {schedule!r}"
             )
     solver_type = o.get("solver_type", "bh2")
-    if solver_type not in SOLVER_TYPES:
-        raise ValueError(f"solver_type (UniPC's B(h)) must be one of {SOLVER_TYPES}, got {solver_type!r}")
+    check_solver_type(solver_type)
     if o["schedule_kind"] not in (None, "sigmas", "timesteps"):
         raise ValueError(f"schedule_kind must be None, 'sigmas' or 'timesteps', got {o['schedule_kind']!r}")
     for flag in ("fractional_timesteps", "lower_order_final", "use_corrector"):

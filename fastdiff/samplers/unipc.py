@@ -37,14 +37,19 @@ def _lam(sigma: float) -> float:
 SOLVER_TYPES = ("bh2", "bh1")
 
 
+def check_solver_type(solver_type) -> None:
+    """Raise a clear error unless ``solver_type`` names one of the paper's two ``B(h)``."""
+    if solver_type not in SOLVER_TYPES:
+        raise ValueError(f"solver_type (UniPC's B(h)) must be one of {SOLVER_TYPES}, got {solver_type!r}")
+
+
 def _unipc_coefficients(sigmas: Sequence[float], sigma_t: float, order: int, solver_type: str = "bh2"):
     """Return ``(h, phi_1, B_h, rks[order-1], b[order])`` for the step ``sigmas[0] -> sigma_t``."""
     lam0 = _lam(sigmas[0])
     h = _lam(sigma_t) - lam0
     hh = -h
     h_phi_1 = math.expm1(hh)
-    if solver_type not in SOLVER_TYPES:
-        raise ValueError(f"UniPC solver_type must be one of {SOLVER_TYPES}, got {solver_type!r}")
+    check_solver_type(solver_type)
     b_h = math.expm1(hh) if solver_type == "bh2" else hh
     rks = [(_lam(sigmas[k]) - lam0) / h for k in range(1, order)]
     b = []
