@@ -23,10 +23,12 @@ from fastdiff import installed
 from fastdiff.caching.policy import StepProfile
 
 
-def _images(pipe, prompts, steps: int, seed: int, call_kwargs: dict) -> torch.Tensor:
+def _outputs(pipe, prompts, steps: int, seed: int, call_kwargs: dict, output_type: str) -> torch.Tensor:
+    """One seeded pipeline run per measurement (prompt ``i`` seeded ``seed + i``): ``output_type`` "pt"
+    gives decoded images in [0, 1], "latent" the final latents."""
     gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
-    out = pipe(prompts, num_inference_steps=steps, generator=gens, output_type="pt", **call_kwargs)
-    return torch.as_tensor(out.images).double()
+    out = pipe(prompts, num_inference_steps=steps, generator=gens, output_type=output_type, **call_kwargs)
+    return torch.as_tensor(out.images)
 
 
 def _check_run(num_inference_steps, prompts) -> int:
@@ -52,11 +54,11 @@ def measure_gaps(
     handle = step_cache(pipe, mode="off", branch=branch)
     mse = np.zeros((n, n, len(prompts)))
     try:
-        ref = _images(pipe, prompts, n, seed, call_kwargs)
+        ref = _outputs(pipe, prompts, n, seed, call_kwargs, "pt").double()
         for a in range(n - 2):
             for b in range(a + 2, n):
                 handle.set("schedule", branch=branch, refresh=[s for s in range(n) if not a < s < b])
-                img = _images(pipe, prompts, n, seed, call_kwargs)
+                img = _outputs(pipe, prompts, n, seed, call_kwargs, "pt").double()
                 mse[a, b] = (img - ref).flatten(1).square().mean(1).numpy()
     finally:
         installed.undo_all(pipe, "step_cache")
@@ -83,12 +85,6 @@ def profile_from_gaps(mse: np.ndarray) -> StepProfile:
         runs=mse.shape[-1],
         gap_cost=tuple(tuple(float(x) for x in row) for row in gap),
     )
-
-
-def _latents(pipe, prompts, steps: int, seed: int, call_kwargs: dict) -> torch.Tensor:
-    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(prompts))]
-    out = pipe(prompts, num_inference_steps=steps, generator=gens, output_type="latent", **call_kwargs)
-    return out.images.float()
 
 
 def measure_profile(
@@ -125,11 +121,11 @@ def measure_profile(
     n = _check_run(num_inference_steps, prompts)
     handle = step_cache(pipe, mode="off", branch=branch)
     try:
-        ref = _latents(pipe, prompts, n, seed, call_kwargs)
+        ref = _outputs(pipe, prompts, n, seed, call_kwargs, "latent").float()
         weight = [0.0]
         for k in range(1, n - 1):
             handle.set("schedule", branch=branch, refresh=[s for s in range(n) if s != k])
-            lat = _latents(pipe, prompts, n, seed, call_kwargs)
+            lat = _outputs(pipe, prompts, n, seed, call_kwargs, "latent").float()
             weight.append(float((lat - ref).norm() / ref.norm()))
         weight.append(0.0)  # the last step always runs in full
     finally:
