@@ -196,9 +196,10 @@ class EngineCache:
         paths = [p for p in sorted(staging.iterdir()) if p.is_file() and p.name != _META]
         with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1))) as pool:
             digests = list(pool.map(file_sha256, paths))
+        stats = [p.stat() for p in paths]
         files = {
-            p.name: {"sha256": digest, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-            for p, digest in zip(paths, digests)
+            p.name: {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            for p, digest, st in zip(paths, digests, stats)
         }
         meta = {
             "format": CACHE_FORMAT,

@@ -86,9 +86,8 @@ def convert_pytorch(unet: torch.nn.Module, signature, export):
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-            warnings.simplefilter(
-                "ignore", category=DeprecationWarning
-            )  # torch.jit.trace's, as in export_onnx
+            # torch.jit.trace's deprecation warning, silenced as in export_onnx
+            warnings.simplefilter("ignore", category=DeprecationWarning)
             model = ov.convert_model(
                 _decoder(FlatUNet(unet, signature), tuple(example[n] for n in names), shared=not moved),
                 input=shapes,
