@@ -319,25 +319,27 @@ def quantize(
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
         reader = _Reader(calibration, _graph_input_names(pre), _graph_input_dtypes(pre))
-        with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
-            quantize_static(
-                str(pre),
-                str(out_path),
-                calibration_data_reader=reader,
-                quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=list(_QUANTISABLE_OPS),
-                nodes_to_quantize=chosen,
-                per_channel=per_channel,
-                reduce_range=reduce_range,
-                activation_type=qtypes[activation_type],
-                weight_type=qtypes[weight_type],
-                calibrate_method=methods[method],
-                use_external_data_format=external,
-                extra_options=extra,
-                calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
-            )
-        if reader.bar is not None:
-            reader.bar.close()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
+                quantize_static(
+                    str(pre),
+                    str(out_path),
+                    calibration_data_reader=reader,
+                    quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=list(_QUANTISABLE_OPS),
+                    nodes_to_quantize=chosen,
+                    per_channel=per_channel,
+                    reduce_range=reduce_range,
+                    activation_type=qtypes[activation_type],
+                    weight_type=qtypes[weight_type],
+                    calibrate_method=methods[method],
+                    use_external_data_format=external,
+                    extra_options=extra,
+                    calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
+                )
+        finally:
+            if reader.bar is not None:
+                reader.bar.close()
     return out_path
 
 
