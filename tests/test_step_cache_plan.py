@@ -128,3 +128,50 @@ def test_bad_gap_table_is_refused():
         StepProfile(_grid(3), (0.0, 1.0, 0.0), gap_cost=((0.0, 1.0), (0.0, 0.0)))
     with pytest.raises(ValueError, match="gap_cost"):
         StepProfile(_grid(3), (0.0, 1.0, 0.0), gap_cost=((0.0, -1.0, 0), (0, 0, 0), (0, 0, 0)))
+
+
+# ----------------------------------------------------------------------------------- tail_refresh (#13 goal 3)
+def test_tail_refresh_hand_written_plans():
+    from fastdiff.caching import tail_refresh
+
+    assert tail_refresh(20, 16) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 19]
+    assert tail_refresh(18, 16, "alternate") == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 17]
+    assert tail_refresh(7, 4, "alternate") == [0, 2, 4, 6]
+    assert tail_refresh(7, 4) == [0, 1, 2, 6]
+    assert tail_refresh(5, 1) == [0, 4]  # the first and last steps always run in full
+    assert tail_refresh(4, 9) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("spacing", ["block", "alternate"])
+def test_tail_refresh_caches_only_the_tail(spacing):
+    from fastdiff.caching import tail_refresh
+
+    for n in range(1, 40):
+        for m in range(1, n + 3):
+            k = n - max(m, 2)
+            if spacing == "alternate" and k > (n - 1) // 2:
+                with pytest.raises(ValueError, match="at most"):
+                    tail_refresh(n, m, spacing)
+                continue
+            full = tail_refresh(n, m, spacing)
+            assert full == sorted(set(full)) and full[0] == 0 and full[-1] == n - 1
+            assert len(full) == min(max(m, 2), n)
+            cached = [s for s in range(n) if s not in full]
+            if not cached:
+                continue
+            if spacing == "block":  # one run of cached steps ending just before the last step
+                assert cached == list(range(n - 1 - len(cached), n - 1))
+            else:  # no two cached steps adjacent, all within the last 2 * len(cached) steps
+                assert all(b - a >= 2 for a, b in itertools.pairwise(cached))
+                assert cached[0] >= n - 1 - 2 * len(cached)
+
+
+def test_tail_refresh_rejects_bad_input():
+    from fastdiff.caching import tail_refresh
+
+    with pytest.raises(ValueError, match="spacing must be"):
+        tail_refresh(10, 5, "middle")
+    with pytest.raises(ValueError, match="num_steps must be an int"):
+        tail_refresh(0, 5)
+    with pytest.raises(ValueError, match="num_full must be an int"):
+        tail_refresh(10, 2.5)

@@ -9,7 +9,7 @@ See :mod:`fastdiff.caching.cache` for the design, :mod:`.policy` for the measure
 """
 
 from fastdiff.caching.cache import MODES, StepCache, StepCacheRun, StepCacheStats, step_cache
-from fastdiff.caching.policy import StepProfile, plan_refresh
+from fastdiff.caching.policy import StepProfile, plan_refresh, tail_refresh
 from fastdiff.caching.profile import drift_profile, measure_profile
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "measure_profile",
     "plan_refresh",
     "step_cache",
+    "tail_refresh",
 ]
