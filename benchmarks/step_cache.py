@@ -10,6 +10,8 @@ Parts (each one process, each under ~15 minutes; run them under the shared lock)
   method: a call in which the mid block's first resnet ran is full, any other call is cached.
 * ``--part dynamic``: caching composed with fastdiff's step control (:func:`fastdiff.sample`, EarlyStop),
   full U-Net evaluations per image against 50 fixed steps, worst-image PSNR against the 100-step reference.
+  ``--cachefit train|confirm|heldout`` (in that order, 32 / 64 / 24 prompts): goal 3 with the sampler, its
+  schedule and the refresh plan chosen together on train prompts, then run once on held-out prompts.
 * ``--part sd15``: a full-size SD1.5-architecture U-Net with random weights (:mod:`fastdiff.testing`):
   full and cached forward costs at 256² and 512² (guidance batch 2), interleaved in one process; the
   per-image U-Net time at 50/20/10 steps is *derived* from them and the evaluation counts.
@@ -26,6 +28,7 @@ Parts (each one process, each under ~15 minutes; run them under the shared lock)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -42,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
 
 from fastdiff import installed  # noqa: E402
-from fastdiff.caching import StepProfile, measure_profile, plan_refresh, step_cache  # noqa: E402
+from fastdiff.caching import StepProfile, measure_profile, plan_refresh, step_cache, tail_refresh  # noqa: E402
 
 GUIDANCE = 5.0
 REF_STEPS = 100
@@ -633,6 +636,79 @@ def forecast_part(n_prompts: int, smoke: bool, split: str) -> dict:
     }
 
 
+CACHEFIT_SCHEDULES = (
+    ("karras rho 7", dict(schedule="karras")),
+    ("karras rho 5", dict(schedule="karras", rho=5.0)),
+    ("trailing", dict(schedule="trailing")),
+)
+CACHEFIT_SAMPLERS = ("dpmpp_2m", "dpmpp_3m", "unipc")
+CACHEFIT_BUDGET = 16  # full evaluations per image: 3.12x fewer than 50 steps
+
+
+def _cachefit_configs(split: str, profile) -> list[tuple]:
+    """Goal 3's configurations at 16 full evaluations per image: ``(name, steps, cache, controller, sched)``.
+
+    ``train``: every sampler x schedule uncached at 16 steps and cached to 16 full by :func:`plan_refresh`
+    at 18, 20 and 24 steps; then DPM-Solver++(2M) Karras (rho 7 and 5) with :func:`tail_refresh` (the
+    low-noise tail cached, as a block or every other step) at 17-26 steps. ``confirm``: the six best train
+    rows again on a larger draw of train prompts. ``heldout``: confirm's best beside the alternatives of the
+    same cost.
+    """
+    m = CACHEFIT_BUDGET
+    if split == "train":
+        configs = []
+        for sampler, (label, sched) in itertools.product(CACHEFIT_SAMPLERS, CACHEFIT_SCHEDULES):
+            o, tag = dict(sched, sampler=sampler), f"{sampler} {label}"
+            configs.append((f"{tag}: fixed {m}", m, None, None, o))
+            for n in (18, 20, 24):
+                cache = dict(mode="schedule", refresh=plan_refresh(profile, n, m))
+                configs.append((f"{tag}: fixed {n} + planned {m} full", n, cache, None, o))
+        for (label, sched), n, spacing in itertools.product(
+            CACHEFIT_SCHEDULES[:2], (17, 18, 19, 20, 21, 22, 24, 26), ("block", "alternate")
+        ):
+            if spacing == "alternate" and not 1 < n - m <= (n - 1) // 2:  # 1 cached step: = block
+                continue
+            cache = dict(mode="schedule", refresh=tail_refresh(n, m, spacing))
+            name = f"dpmpp_2m {label}: fixed {n} + tail {spacing} {m} full"
+            configs.append((name, n, cache, None, dict(sched, sampler="dpmpp_2m")))
+        return configs
+    if split == "confirm":
+        rows = _cachefit_ranked("train")[:6]
+        configs = [_cachefit_config(r) for r in rows]
+        default = ("dpmpp_2m karras rho 7: fixed 16", m, None, None, dict(sampler="dpmpp_2m"))
+        return configs + ([default] if default[0] not in [c[0] for c in configs] else [])
+    best = _cachefit_config(_cachefit_ranked("confirm")[0])
+    name, steps, cache, _, sched = best
+    planned = dict(mode="schedule", refresh=plan_refresh(profile, 20, m))
+    configs = [
+        (f"chosen: {name}", steps, cache, None, sched),
+        (f"chosen schedule uncached: fixed {steps}", steps, None, None, sched),
+        (f"chosen schedule uncached: fixed {m}", m, None, None, sched),
+        (f"default schedule: fixed {m}", m, None, None, {}),
+        (f"default schedule: fixed 20 + planned {m} full", 20, planned, None, {}),
+        ("default schedule: fixed 50", 50, None, None, {}),
+    ]
+    unique = {}
+    for c in configs:  # an uncached choice makes some alternatives the same run
+        unique.setdefault(json.dumps([c[1], c[2], c[4] or {"sampler": "dpmpp_2m"}], sort_keys=True), c)
+    return list(unique.values())
+
+
+def _cachefit_ranked(split: str) -> list[dict]:
+    """Rows of a cachefit part within the budget, best first: the highest worst-image PSNR against the
+    reference, ties broken by the mean (the rule was fixed before any held-out run)."""
+    part = json.loads(_part_path(f"dynamic-cachefit-{split}").read_text())
+    ok = [r for r in part["rows"] if r["full_evals_per_image_max"] <= CACHEFIT_BUDGET]
+    return sorted(ok, key=lambda r: (r["psnr_vs_ref_min"], r["psnr_vs_ref_mean"]), reverse=True)
+
+
+def _cachefit_config(row: dict) -> tuple:
+    """A recorded cachefit row back as a configuration (its steps, refresh plan and scheduler options)."""
+    name = row["method"].removeprefix("chosen: ")
+    cache = None if row["refresh"] is None else dict(mode="schedule", refresh=row["refresh"])
+    return name, row["steps"], cache, None, row["scheduler_options"]
+
+
 # ---------------------------------------------------------------------------------------------- dynamic
 def dynamic_part(
     n_prompts: int,
@@ -640,6 +716,7 @@ def dynamic_part(
     fastdiff_scheduler: bool = False,
     forecast: bool = False,
     sixteen_full: bool = False,
+    cachefit: str | None = None,
 ) -> dict:
     """Goal 3's rows. ``fastdiff_scheduler``: every run uses ``make_scheduler("dpmpp_2m", like=...)``
     (fastdiff's step control: every step count starts at t=999) instead of the pipe's leading-spaced diffusers
@@ -648,7 +725,10 @@ def dynamic_part(
     FastForward, which met #12's G1 at 25 NFE (step_control.md at 47f793b). ``sixteen_full``: goal 3 at
     exactly its bound (16 full evaluations, 3.12x fewer than 50): runs of 18, 20 and 24 steps that cache only
     the steps beyond 16, beside uncached 16, 18 and 20, so the row says whether caching adds anything over
-    fewer steps."""
+    fewer steps. ``cachefit``: goal 3 with the sampler, its schedule and the cache plan chosen together
+    (:func:`_cachefit_configs`): ``"train"`` and ``"confirm"`` on train-split prompts that are not
+    calibration prompts, ``"heldout"`` only confirm's best (:func:`_cachefit_ranked`, a rule fixed before
+    any held-out run) beside the uncached and default-schedule alternatives of the same cost."""
     from diffusers import DPMSolverMultistepScheduler  # noqa: F401  (scheduler class of the pipe)
 
     from fastdiff.dynamic import EarlyStop, FastForward, sample
@@ -656,9 +736,13 @@ def dynamic_part(
     from fastdiff.samplers import make_scheduler
 
     pipe = _tiny_pipe()
+    fastdiff_scheduler = fastdiff_scheduler or cachefit is not None
     if fastdiff_scheduler:
         pipe.scheduler = make_scheduler("dpmpp_2m", like=pipe.scheduler)
-    prompts, attrs = _heldout(n_prompts)
+    if cachefit in ("train", "confirm"):
+        prompts, attrs = _eval_prompts(n_prompts), None
+    else:
+        prompts, attrs = _heldout(n_prompts)
     profile, _ = _measure_profile(pipe, smoke)
     cond, uncond = pipe.encode_prompt(prompts, "cpu", 1, True, [""] * len(prompts))
     shape = (len(prompts), 4, pipe.unet.config.sample_size, pipe.unet.config.sample_size)
@@ -759,9 +843,18 @@ def dynamic_part(
             for fc, lam in (("none", 1.0), ("linear", 0.5)):
                 o = dict(mode="schedule", refresh=plan, forecast=fc, forecast_strength=lam)
                 configs.append((f"fixed {n} + schedule 16 full {_fc_name(fc, 'step', lam)}", n, o, None))
+    if cachefit is not None:
+        configs = _cachefit_configs(cachefit, profile)
     if smoke:
-        configs = [(n, min(s, 10), o, c) for n, s, o, c in configs[2:3] + configs[-1:]]
-    for name, steps, opts, ctl in configs:
+        configs = [(n, min(s, 10), o, c, *r) for n, s, o, c, *r in configs[2:3] + configs[-1:]]
+    default_scheduler = pipe.scheduler
+    for name, steps, opts, ctl, *sched in configs:
+        # cachefit rows carry their own make_scheduler options; the cache plan stays the profile's
+        if sched:
+            o = dict(sched[0])
+            pipe.scheduler = make_scheduler(o.pop("sampler", "dpmpp_2m"), like=default_scheduler, **o)
+        else:
+            pipe.scheduler = default_scheduler
         h = step_cache(pipe.unet, **opts) if opts else None
         controller = {
             None: None,
@@ -770,7 +863,7 @@ def dynamic_part(
         }[ctl]
         images, secs, res = run(steps, h, controller)
         p_ref, p_50 = _psnr(images, ref), _psnr(images, fixed50)
-        acc = score(images.permute(0, 2, 3, 1).numpy(), attrs)
+        acc = score(images.permute(0, 2, 3, 1).numpy(), attrs) if attrs is not None else {"all": float("nan")}
         full_per_image = float(full_per_row.mean())
         row = {
             "testbed": "fastdiff-tiny + fastdiff.sample",
@@ -782,6 +875,7 @@ def dynamic_part(
             "full_evals_per_image_mean": round(full_per_image, 2),
             "full_evals_per_image_max": int(full_per_row.max()),
             "fewer_full_evals_than_50": round(50 / full_per_image, 2),
+            "scheduler_options": sched[0] if sched else {},
             "psnr_vs_ref_mean": round(float(p_ref.mean()), 2),
             "psnr_vs_ref_min": round(float(p_ref.min()), 2),
             "psnr_vs_50_mean": round(float(p_50.mean()), 2),
@@ -791,16 +885,23 @@ def dynamic_part(
             "e2e_s": round(secs, 2),
             "notes": "; ".join(h.stats.notes) if h else "",
         }
+        if cachefit is not None:
+            row.update(steps=steps, refresh=opts["refresh"] if opts else None)
+            row["per_image_psnr"] = [round(float(v), 2) for v in p_ref]
         rows.append(row)
         print(json.dumps(row), flush=True)
         if h is not None:
             installed.undo_all(pipe.unet)
     meter.remove()
+    pipe.scheduler = default_scheduler
     return {
         "rows": rows,
+        "split": "heldout"
+        if cachefit in (None, "heldout")
+        else f"{cachefit} (non-calibration train prompts)",
         "planner": "gap-cost",  # the current planner: plan_refresh with the gap bound
         "setup": (
-            f"{len(prompts)} held-out prompts, fastdiff.sample with "
+            f"{len(prompts)} {'held-out' if cachefit in (None, 'heldout') else 'train (non-calibration)'} prompts, fastdiff.sample with "
             + (
                 "fastdiff.make_scheduler('dpmpp_2m') (from t=999 at every step count)"
                 if fastdiff_scheduler
@@ -1163,6 +1264,11 @@ def main() -> None:
         "--sixteen-full", action="store_true", help="dynamic part: goal 3 at exactly 16 full evaluations"
     )
     ap.add_argument(
+        "--cachefit",
+        choices=["train", "confirm", "heldout"],
+        help="dynamic part: goal 3 with the schedule chosen on train prompts, then run on held-out ones",
+    )
+    ap.add_argument(
         "--threads", type=int, default=2, help="torch threads (1 on a machine oversubscribed by others)"
     )
     args = ap.parse_args()
@@ -1190,10 +1296,13 @@ def main() -> None:
             args.fastdiff_scheduler,
             args.forecast,
             args.sixteen_full,
+            args.cachefit,
         )
         name = ("dynamic-fastdiff" if args.fastdiff_scheduler else "dynamic") + (
             "-forecast" if args.forecast else "-16full" if args.sixteen_full else ""
         )
+        if args.cachefit:
+            name = f"dynamic-cachefit-{args.cachefit}"
     elif args.part == "sd15e2e":
         px = int(args.sizes.split(",")[0])
         steps = 10 if args.small else int(args.steps)
