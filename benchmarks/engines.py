@@ -117,6 +117,13 @@ def main(argv=None):
     p.add_argument("--quality-records", type=int, default=2, help="cpu suite: held-back records judged")
     p.add_argument("--ort-level", default="conv+ffn+qkv")
     p.add_argument("--side", type=int, default=None, help="image side in px (sd15 models; default 256)")
+    p.add_argument(
+        "--min-group-snr-db",
+        type=float,
+        default=None,
+        help="cpu suite, ov-mixed: groups whose int8-alone SNR is below it stay in high precision "
+        "(default: QuantConfig's)",
+    )
     args = p.parse_args(argv)
     if args.suite == "cpu":
         return cpu_suite(args)
@@ -285,6 +292,8 @@ def cpu_suite(args):
         "cache_hit",
         "peak_rss_gb",
         "quantize_peak_rss_gb",
+        "min_group_snr_db",
+        "high_precision_layers",
         "load_1min",
     ]
     notes = (
