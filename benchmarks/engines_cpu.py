@@ -196,6 +196,7 @@ def _build(name, pipe, unet, fit, held, record, work: Path, args):
     if "high_precision_layers" in engine.build_info:
         info["high_precision_layers"] = len(engine.build_info["high_precision_layers"])
         info["int8_layers"] = engine.build_info["int8_layers"]
+    if precision == "mixed":
         sens = engine.build_info.get("sensitivity") or []
         info["float_groups"] = [s["group"] for s in sens if s["snr_db"] < quant.min_group_snr_db]
         info["group_snr_db"] = {s["group"]: round(s["snr_db"], 2) for s in sens}
