@@ -35,14 +35,32 @@ def _current(name):
     return name + AVX512 if _load(name + AVX512) else name
 
 
+def _sd15_name(side):
+    """The SD1.5 file judged at ``side``: the AVX-512 machine's as soon as it measured either side (a side
+    it did not measure has no rows: the AVX2 machine's speed-ups are not mixed into its judgment)."""
+    if any(_load(f"engines-cpu-sd15-{s}{AVX512}") for s in (256, 512)):
+        return f"engines-cpu-sd15-{side}{AVX512}"
+    return f"engines-cpu-sd15-{side}"
+
+
 def _sd15_rows(side, name=None):
-    data = _load(name or _current(f"engines-cpu-sd15-{side}"))
+    data = _load(name or _sd15_name(side))
     return [r for r in (data or {}).get("rows", []) if r["variant"] != "eager"]
 
 
 def _flags(name):
     data = _load(name) or {}
     return data.get("meta", {}).get("cpu_engine_flags") or []
+
+
+def _earlier_builds() -> str:
+    """The AVX2 machine's newest fresh quantised builds at 256^2, when the AVX-512 file is the one judged."""
+    if not _sd15_name(256).endswith(AVX512):
+        return ""
+    old = [r for r in _sd15_rows(256, "engines-cpu-sd15-256") if not r.get("cache_hit") and "build_s" in r]
+    latest = {r["variant"]: r for r in sorted(old, key=lambda r: r["run"])}
+    q = [r for k, r in latest.items() if k in ("ov-int8", "ov-mixed", "ort-int8")]
+    return "".join(f"; earlier machine (AVX2 only, engines-cpu-sd15-256): {_build_fmt(r)}" for r in q)
 
 
 def rows_present(rows_by_side: dict) -> dict:
@@ -53,7 +71,7 @@ def rows_present(rows_by_side: dict) -> dict:
     for side, rows in rows_by_side.items():
         have = {r["variant"] for r in rows if "vs_eager" in r}
         out[side] = {
-            "present": [v for v in ROWS if v == "eager" or v in have],
+            "present": [v for v in ROWS if (v == "eager" and have) or v in have],
             "missing": [v for v in ROWS if v != "eager" and v not in have],
         }
     return out
@@ -81,9 +99,9 @@ def goals(not_run: dict) -> list[dict]:
     good = [r for r in fresh if r["snr_db"] >= 30]
     best = max(good, key=lambda r: r["vs_eager"], default=None)
     fastest = max(fresh, key=lambda r: r["vs_eager"], default=None)
-    files = ", ".join(_current(f"engines-cpu-sd15-{side}") for side in (256, 512))
+    files = ", ".join(_sd15_name(side) for side in (256, 512) if _load(_sd15_name(side)))
     earlier = ""
-    if any(_current(f"engines-cpu-sd15-{side}").endswith(AVX512) for side in (256, 512)):
+    if any(_sd15_name(side).endswith(AVX512) for side in (256, 512)):
         old = [
             dict(r, side=s)
             for s in (256, 512)
@@ -142,13 +160,14 @@ def goals(not_run: dict) -> list[dict]:
             else "met"
             if met
             else "not met" + (" (met without the quality check)" if met_without else ""),
-            "evidence": f"({_current('engines-cpu-sd15-256')}) "
+            "evidence": f"({_sd15_name(256)}) "
             + "; ".join(_build_fmt(r) for r in latest.values())
             + "".join(
                 f"; earlier: {r['variant']} {r['build_s']} s (run {r['run']})"
                 for r in built
                 if latest[r["variant"]] is not r
-            ),
+            )
+            + _earlier_builds(),
         }
     )
     cached256 = [r for r in rows[256] if r.get("cache_hit")]
@@ -216,13 +235,13 @@ def goals(not_run: dict) -> list[dict]:
         }
     )
     for side, have in rows_present(rows).items():
-        name = _current(f"engines-cpu-sd15-{side}")
+        name = _sd15_name(side)
         out.append(
             {
                 "goal": f"rows at {side}^2 ({name})",
                 "status": "all present" if not have["missing"] else "missing: " + ", ".join(have["missing"]),
                 "evidence": "present: "
-                + ", ".join(have["present"])
+                + (", ".join(have["present"]) or "none")
                 + (f"; missing rows: {not_run[side]}" if have["missing"] and side in not_run else ""),
             }
         )
@@ -239,7 +258,7 @@ NOT_RUN = {
 def main():
     rows = goals(NOT_RUN)
     meta = env_info()
-    judged = _current("engines-cpu-sd15-256")
+    judged = _sd15_name(256)
     flags = _flags(judged) or engine_flags()
     meta["cpu_engine_flags"] = flags
     avx2_only = not has_vnni(frozenset(flags)) and not has_bf16(frozenset(flags))
@@ -276,8 +295,7 @@ def main():
         "on the AVX2 machine (one int8 build, PyTorch-route conversion, contended CPU): "
         "engines-cpu-build-profile-pytorch-route.md: NNCF is most of the build (two statistics passes, the second "
         "one's compile of the statistics model the largest single item; fast bias correction's 160 sub-model "
-        "compiles next)."
-        + f"\n- Sources: {judged}.md, {_current('engines-cpu-sd15-512')}.md, engines-cpu-memory.json, "
+        "compiles next)." + f"\n- Sources: {judged}.md, {_sd15_name(512)}.md, engines-cpu-memory.json, "
         f"{_current('engines-tiny-e2e')}.md. Random-weight SD1.5 U-Nets: speed is representative, int8 SNR is "
         "not (trained activations differ)."
     )
