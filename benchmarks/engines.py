@@ -314,8 +314,9 @@ def cpu_suite(args):
         + "\n- build_s: compile_engine's wall time (export, quantisation, OpenVINO/ORT build and its quality "
         "check on the held-back records); quality_check_s: that check alone (the engine's first compile, engine "
         "and eager PyTorch on the held-back records; 0 on a cache hit that has the result), build_without_quality_s "
-        "the rest; first_call_s: the first step after it (per-shape compile). Each row "
-        "of a run after 2026-12-03 13:00 UTC ran in its own process (peak_rss_gb is that row's)."
+        "the rest; first_call_s: the first step after it (per-shape compile). The rows of one "
+        "run are built one after another in one process: a row's peak_rss_gb includes what the earlier rows of "
+        "its run still hold; in a run with one row besides eager it is that row's own peak."
     )
     paths = write_results(name, prior + new, meta, cols, notes=notes)
     print("wrote", *paths)
