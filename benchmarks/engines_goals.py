@@ -338,12 +338,20 @@ def main():
         + "\n- Sources: "
         + ", ".join(
             f"{n}.md"
-            for n in (judged, _sd15_name(512), "engines-cpu-memory", _current("engines-tiny-e2e"))
+            for n in (
+                judged,
+                _sd15_name(512),
+                "engines-cpu-memory",
+                _current("engines-tiny-e2e"),
+                _current("engines-tiny-e2e") + TINY_RERUN,
+            )
             if _load(n)
         )
         + ". Random-weight SD1.5 U-Nets: speed is representative, SNR below fp32 is not (trained activations "
-        "differ): OpenVINO bf16 gave 37.7 dB per step on the random-weight SD1.5 U-Net and 2.95 dB on the "
-        "trained fastdiff-tiny U-Net (engines-tiny-e2e-avx512)."
+        "differ). The ov-bf16 row of engines-tiny-e2e-avx512 (2.95 dB per step, 'all' 0.049) was a fastdiff bug, "
+        "not bf16: it was compiled after ov-fp32 (the same IR) through one shared OpenVINO blob cache; fixed in "
+        "2adca0b (one blob folder per hint) and rerun in engines-tiny-e2e-avx512-bf16 (45.6 dB, +0.7 points). "
+        "That run's ov-mixed row was compiled after ov-int8 in the same cache and was not rerun."
     )
     write_results("engines-cpu-goals", rows, meta, ["goal", "status", "evidence"], notes=notes)
     for r in rows:
