@@ -289,7 +289,7 @@ def goals(not_run: dict) -> list[dict]:
 NOT_RUN = {
     256: "not run on the AVX-512 machine",
     512: "not run on the AVX-512 machine: its benchmark lock time (2 cores shared with other jobs, one session "
-    "ending 16:05 UTC) went to the 256^2 rows and the fastdiff-tiny end-to-end run; an int8 build at 512^2 "
+    "ending 16:05 UTC) went to the 256^2 rows, the fastdiff-tiny end-to-end run and the 512^2 bf16 rows; an int8 build at 512^2 "
     "(export, ONNX Runtime sensitivity or NNCF passes) does not fit one 15-minute slot",
 }
 
