@@ -117,6 +117,13 @@ def main(argv=None):
     p.add_argument("--quality-records", type=int, default=2, help="cpu suite: held-back records judged")
     p.add_argument("--ort-level", default="conv+ffn+qkv")
     p.add_argument("--side", type=int, default=None, help="image side in px (sd15 models; default 256)")
+    p.add_argument(
+        "--min-group-snr-db",
+        type=float,
+        default=None,
+        help="cpu suite, ov-mixed: groups whose int8-alone SNR is below it stay in high precision "
+        "(default: QuantConfig's)",
+    )
     args = p.parse_args(argv)
     if args.suite == "cpu":
         return cpu_suite(args)
@@ -285,6 +292,8 @@ def cpu_suite(args):
         "cache_hit",
         "peak_rss_gb",
         "quantize_peak_rss_gb",
+        "min_group_snr_db",
+        "high_precision_layers",
         "load_1min",
     ]
     notes = (
@@ -305,8 +314,9 @@ def cpu_suite(args):
         + "\n- build_s: compile_engine's wall time (export, quantisation, OpenVINO/ORT build and its quality "
         "check on the held-back records); quality_check_s: that check alone (the engine's first compile, engine "
         "and eager PyTorch on the held-back records; 0 on a cache hit that has the result), build_without_quality_s "
-        "the rest; first_call_s: the first step after it (per-shape compile). Each row "
-        "of a run after 2026-12-03 13:00 UTC ran in its own process (peak_rss_gb is that row's)."
+        "the rest; first_call_s: the first step after it (per-shape compile). The rows of one "
+        "run are built one after another in one process: a row's peak_rss_gb includes what the earlier rows of "
+        "its run still hold; in a run with one row besides eager it is that row's own peak."
     )
     paths = write_results(name, prior + new, meta, cols, notes=notes)
     print("wrote", *paths)

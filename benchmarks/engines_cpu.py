@@ -162,7 +162,12 @@ def _build(name, pipe, unet, fit, held, record, work: Path, args):
     from fastdiff.engines import GateConfig, QuantConfig
 
     level = {"level": args.ort_level} if name.startswith("ort") else {}
-    quant = QuantConfig(max_calibration_records=args.records, **level)
+    mixed = (
+        {"min_group_snr_db": args.min_group_snr_db}
+        if name == "ov-mixed" and getattr(args, "min_group_snr_db", None) is not None
+        else {}
+    )
+    quant = QuantConfig(max_calibration_records=args.records, **level, **mixed)
     common = dict(cache_dir=work / "cache", install=False, gate=GateConfig(min_snr_db=None), quant=quant)
     if name == "compile":
         compiled = torch.compile(unet)
@@ -191,8 +196,11 @@ def _build(name, pipe, unet, fit, held, record, work: Path, args):
     if "high_precision_layers" in engine.build_info:
         info["high_precision_layers"] = len(engine.build_info["high_precision_layers"])
         info["int8_layers"] = engine.build_info["int8_layers"]
+    if precision == "mixed":
         sens = engine.build_info.get("sensitivity") or []
-        info["float_groups"] = [s["group"] for s in sens if s["snr_db"] < 30.0]
+        info["float_groups"] = [s["group"] for s in sens if s["snr_db"] < quant.min_group_snr_db]
+        info["group_snr_db"] = {s["group"]: round(s["snr_db"], 2) for s in sens}
+        info["min_group_snr_db"] = quant.min_group_snr_db
     return engine.runner, info
 
 

@@ -119,7 +119,7 @@ def main(argv=None):
             if variant != "eager":
                 backend, precision = variant.split("-")
                 kwargs = {}
-                if precision == "int8":
+                if precision in ("int8", "mixed"):  # both calibrate on the recorded training prompts
                     if calib is None:
                         train = [
                             a.prompt for a in sample_attributes(args.calib_prompts, seed=0, split="train")
