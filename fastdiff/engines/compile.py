@@ -254,16 +254,13 @@ def compile_engine(
                 artifact, device=unet.device if unet.device.type == "cuda" else "cuda"
             )
         elif backend == "openvino":
-            hint = "bf16" if precision == "bf16" else "f32"
-            if precision == "mixed":
-                hint = runtime_ov.default_hint()
+            hint = runtime_ov.HINTS[precision] or runtime_ov.default_hint()  # mixed: bf16 where native
             runner = runtime_ov.OvRunner(
                 artifact,
                 hint=hint,
                 static=runtime.static,
                 threads=runtime.threads,
-                # One blob folder per hint: an fp32 and a bf16 engine are the same IR, and with one shared
-                # folder a bf16 engine compiled after the fp32 one ran wrong (2.7 dB on fastdiff-tiny, #14).
+                # per hint: fp32 and bf16 share the IR, and one shared folder ran bf16 wrong (2.7 dB, #14)
                 blob_cache=cache.root / "openvino-blobs" / hint if use_cache else None,
             )
         else:
