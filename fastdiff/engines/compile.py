@@ -260,8 +260,7 @@ def compile_engine(
                 hint=hint,
                 static=runtime.static,
                 threads=runtime.threads,
-                # per hint: fp32 and bf16 share the IR, and one shared folder ran bf16 wrong (2.7 dB, #14)
-                blob_cache=cache.root / "openvino-blobs" / hint if use_cache else None,
+                blob_cache=cache.root / "openvino-blobs" if use_cache else None,
             )
         else:
             from .runtime_ort import OrtRunner
