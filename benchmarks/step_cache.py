@@ -704,9 +704,8 @@ def _cachefit_ranked(split: str) -> list[dict]:
 
 def _cachefit_config(row: dict) -> tuple:
     """A recorded cachefit row back as a configuration (its steps, refresh plan and scheduler options)."""
-    name = row["method"].removeprefix("chosen: ")
     cache = None if row["refresh"] is None else dict(mode="schedule", refresh=row["refresh"])
-    return name, row["steps"], cache, None, row["scheduler_options"]
+    return row["method"], row["steps"], cache, None, row["scheduler_options"]
 
 
 # ---------------------------------------------------------------------------------------------- dynamic

@@ -5,7 +5,7 @@ Modes, all driven by the one loop ``fastdiff.dynamic.sample``:
 
 * ``fast-forward``: :class:`fastdiff.dynamic.FastForward` on a ``base``-step DPM-Solver++(2M) run (default
   schedule): a row whose x0 prediction has converged (EarlyStop's criterion below ``max_sigma``) finishes with
-  ``jumps`` large steps. Settings are ``(rtol, jumps, base, max_sigma)``.
+  ``jumps`` large steps. Settings are ``(rtol, jumps, base, max_sigma[, patience, final_step[, rho]])``.
 * ``adaptive``: :class:`fastdiff.samplers.AdaptiveScheduler`, error-controlled step size (``atol`` tied to
   ``rtol`` as in DPM-Solver's defaults, 0.0078 / 0.05).
 * ``early stop`` (context only): :class:`EarlyStop` with its defaults.
@@ -115,6 +115,10 @@ def _adaptive(rtol: float, like=None, final_step: str = "denoised") -> AdaptiveS
     return AdaptiveScheduler(rtol=rtol, atol=rtol * ATOL_PER_RTOL, like=like, final_step=final_step)
 
 
+def _adaptive_label(rtol: float, final_step: str) -> str:
+    return f"adaptive rtol={rtol}" + (" final=variance" if final_step == "variance" else "")
+
+
 def _nfe(res) -> tuple[float, int]:
     n = torch.tensor(res.nfe_per_sample, dtype=torch.float64)
     return round(float(n.mean()), 2), int(n.max())
@@ -152,7 +156,7 @@ def _fixed(model, x, sched: str, n: int, final_step: str = "denoised"):
 
 def _gmm_modes(model, x, adaptive, ff):
     modes = [
-        (f"adaptive rtol={r}" + (" final=variance" if fs == "variance" else ""), "adaptive", [r, fs],
+        (_adaptive_label(r, fs), "adaptive", [r, fs],
          lambda r=r, fs=fs: sample(model, x, scheduler=_adaptive(r, final_step=fs)))
         for fs in FINAL_STEPS for r in adaptive
     ]  # fmt: skip
@@ -297,7 +301,7 @@ def _base_scheduler(like, final_step: str, rho: float | None):
 def _tiny_modes(tiny, adaptive, ff):
     like = tiny.pipe.scheduler
     modes = [
-        (f"adaptive rtol={r}" + (" final=variance" if fs == "variance" else ""), "adaptive", [r, fs],
+        (_adaptive_label(r, fs), "adaptive", [r, fs],
          lambda r=r, fs=fs: tiny.run(_adaptive(r, like, final_step=fs)))
         for r, fs in adaptive
     ]  # fmt: skip
