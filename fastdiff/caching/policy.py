@@ -187,7 +187,7 @@ def tail_refresh(num_steps: int, num_full: int, spacing: str = "block") -> list[
     dynamic --cachefit``, chosen on train prompts): at 16 full evaluations, 19 steps of DPM-Solver++(2M)
     Karras (rho 5) with ``tail_refresh(19, 16, "alternate")`` gave a 30.2 dB worst held-out image, against
     29.3 dB for 20 steps planned by :func:`plan_refresh` (which caches mid-run steps) and 28.7 dB for 16
-    uncached steps of the same schedule. Caching the first steps instead breaks images.
+    uncached steps of the same schedule.
     """
     _check_int("num_steps", num_steps, 1)
     _check_int("num_full", num_full, 1)
