@@ -75,13 +75,6 @@ class CalibrationData:
         idx = sorted({round(i * (n - 1) / max(max_records - 1, 1)) for i in range(max_records)})
         return self._take(idx)
 
-    def numpy_records(self, input_names: Sequence[str]) -> Iterator[dict]:
-        for r in self.records:
-            missing = [n for n in input_names if n not in r]
-            if missing:
-                raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(r)}")
-            yield {n: r[n].numpy() for n in input_names}
-
     def fingerprint(self) -> str:
         """sha256 over every recorded tensor (used in engine cache keys)."""
         import hashlib

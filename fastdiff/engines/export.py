@@ -194,13 +194,3 @@ def _remove_stale(path: Path) -> None:
     for p in (path, path.with_name(path.name + ".data")):
         if p.exists():
             p.unlink() if p.is_file() else shutil.rmtree(p)
-
-
-def onnx_files(path: str | os.PathLike) -> list[Path]:
-    """The model file plus its external data file, if any."""
-    path = Path(path)
-    files = [path]
-    data = path.with_name(path.name + ".data")
-    if data.exists():
-        files.append(data)
-    return files

@@ -56,12 +56,6 @@ def run_scheduler(
     return sample(model_fn, x, scheduler=adapter, generator=generator, callback=hook).latents
 
 
-def _rms_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Median over samples of the per-sample RMS difference."""
-    d = (a.double() - b.double()).flatten(1)
-    return float(d.pow(2).mean(1).sqrt().median())
-
-
 def _run_on_sigmas(model_fn, latents, scheduler, sigmas) -> torch.Tensor:
     from fastdiff.dynamic.adapters import InPlaceAdapter
     from fastdiff.dynamic.loop import sample
