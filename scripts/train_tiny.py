@@ -14,6 +14,9 @@ Stages, each reading the previous stage's output from ``--workdir``:
              solver over a 50-step grid, CFG in the teacher step, EMA target network.
     export   fp16 safetensors into fastdiff/tiny/weights/{base,lcm} + a reference checksum.
 
+Not part of ``all``: ``shipped`` fills the workdir from the shipped weights, so that one stage can be rerun
+on top of them (``--stage shipped,lcm,export --lcm-init workdir`` distils the shipped student further).
+
 Usage::
 
     python scripts/train_tiny.py --stage all --workdir /tmp/fastdiff_tiny_run
@@ -186,12 +189,7 @@ def stage_latents(args, cfg):
 
     images, attrs = dataset(cfg, args.seed)
     vae = AutoencoderKL.from_pretrained(os.path.join(args.workdir, "vae")).eval()
-    means, stds = [], []
-    for i in range(0, len(images), 256):
-        post = vae.encode(D.to_tensor(images[i : i + 256])).latent_dist
-        means.append(post.mean)
-        stds.append(post.std)
-    mean, std = torch.cat(means), torch.cat(stds)
+    mean, std = _encode(vae, images)
     gen = torch.Generator().manual_seed(args.seed + 2)
     sample = mean + std * torch.randn(mean.shape, generator=gen)
     scaling = float(1.0 / sample.std())
@@ -205,12 +203,52 @@ def stage_latents(args, cfg):
     )
     vae.register_to_config(scaling_factor=scaling)
     vae.save_pretrained(os.path.join(args.workdir, "vae"))
+    _save_latents(args, mean, std, attrs, scaling)
+    with open(os.path.join(args.workdir, "vae_stats.json"), "w") as f:
+        json.dump({"scaling_factor": scaling, "recon_psnr_db": psnr, "n": len(images)}, f)
+
+
+@torch.no_grad()
+def _encode(vae, images):
+    means, stds = [], []
+    for i in range(0, len(images), 256):
+        post = vae.encode(D.to_tensor(images[i : i + 256])).latent_dist
+        means.append(post.mean)
+        stds.append(post.std)
+    return torch.cat(means), torch.cat(stds)
+
+
+def _save_latents(args, mean, std, attrs, scaling):
     torch.save(
         {"mean": mean.half(), "std": std.half(), "prompts": [a.prompt for a in attrs], "scaling": scaling},
         os.path.join(args.workdir, "latents.pt"),
     )
+
+
+def stage_shipped(args, cfg):
+    """Fill the workdir from the shipped weights (``--out``) so a later stage continues from them.
+
+    Copies the teacher's tokenizer, text encoder, U-Net and VAE and the LCM student (as ``unet_lcm``), and
+    encodes the training set with the shipped VAE at its shipped scaling factor, so that e.g.
+    ``--stage shipped,lcm --lcm-init workdir`` distils the student further without touching the teacher.
+    """
+    import shutil
+
+    from diffusers import AutoencoderKL
+
+    base, lcm = os.path.join(args.out, "base"), os.path.join(args.out, "lcm")
+    for src, name in [(base, "tokenizer"), (base, "text_encoder"), (base, "unet"), (base, "vae")]:
+        shutil.copytree(os.path.join(src, name), os.path.join(args.workdir, name), dirs_exist_ok=True)
+    shutil.copytree(os.path.join(lcm, "unet"), os.path.join(args.workdir, "unet_lcm"), dirs_exist_ok=True)
+    with open(os.path.join(args.out, "reference.json")) as f:
+        training = json.load(f)["training"]
     with open(os.path.join(args.workdir, "vae_stats.json"), "w") as f:
-        json.dump({"scaling_factor": scaling, "recon_psnr_db": psnr, "n": len(images)}, f)
+        json.dump(training, f)
+    images, attrs = dataset(cfg, args.seed)
+    vae = AutoencoderKL.from_pretrained(os.path.join(args.workdir, "vae")).eval()
+    mean, std = _encode(vae, images)
+    _save_latents(args, mean, std, attrs, float(vae.config.scaling_factor))
+    log(f"workdir filled from {args.out}; latents {tuple(mean.shape)} at the shipped scaling factor")
 
 
 # ----------------------------------------------------------------------------- unet
@@ -400,7 +438,10 @@ def stage_lcm(args, cfg):
     teacher = UNet2DConditionModel.from_pretrained(os.path.join(args.workdir, "unet")).eval()
     for p in [*teacher.parameters(), *text_encoder.parameters()]:
         p.requires_grad_(False)
-    student = M.student_from_teacher(teacher)
+    if args.lcm_init == "workdir":  # continue distilling the student saved in the workdir (its EMA target)
+        student = UNet2DConditionModel.from_pretrained(os.path.join(args.workdir, "unet_lcm")).float().train()
+    else:
+        student = M.student_from_teacher(teacher)
     target = copy.deepcopy(student).eval()
     for p in target.parameters():
         p.requires_grad_(False)
@@ -479,6 +520,7 @@ def stage_export(args, cfg):
 
 
 STAGES = {
+    "shipped": stage_shipped,
     "vae": stage_vae,
     "latents": stage_latents,
     "unet": stage_unet,
@@ -499,6 +541,12 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, to check a stage runs")
     p.add_argument("--checkpoint-every", type=int, default=500)
+    p.add_argument(
+        "--lcm-init",
+        choices=("teacher", "workdir"),
+        default="teacher",
+        help="start the lcm stage from the teacher (a fresh distillation) or from the workdir's unet_lcm",
+    )
     p.add_argument("--set", nargs="*", default=[], help="override sizes, e.g. unet_steps=2000")
     args = p.parse_args(argv)
     cfg = dict(SMOKE if args.smoke else FULL)
@@ -508,7 +556,7 @@ def main(argv=None):
             raise SystemExit(f"unknown size {key!r}; known: {sorted(cfg)}")
         cfg[key] = int(value)
     os.makedirs(args.workdir, exist_ok=True)
-    stages = list(STAGES) if args.stage == "all" else args.stage.split(",")
+    stages = [n for n in STAGES if n != "shipped"] if args.stage == "all" else args.stage.split(",")
     for name in stages:
         if name not in STAGES:
             raise SystemExit(f"unknown stage {name!r}; choose from {list(STAGES)}")
