@@ -375,13 +375,15 @@ def plot(all_rows, path, nfes):
     scenarios = list(dict.fromkeys(r["scenario"] for r in all_rows))
     fig, axes = plt.subplots(1, len(scenarios), figsize=(7 * len(scenarios), 5.5), squeeze=False)
     keep = {"DDIM (SD config: leading)", "DPM++2M Karras", "UniPC Karras", "DEIS", "Euler Karras"}
-    keep_fd = {"dpmpp_2m karras", "unipc karras", "unipc karras +variance", "dpmpp_2m fitted +variance"}
-    keep_fd |= {"unipc fitted +variance", "ddim karras"}
+    keep_fd = {"dpmpp_2m karras", "unipc karras", "unipc karras +variance", "ddim karras"}
+    keep_fd |= {name for name, *_ in FITTED + FAMILY_FITTED}
     for ax, sc in zip(axes[0], scenarios):
         for r in all_rows:
             if r["scenario"] != sc or r["sampler"] not in (keep | keep_fd):
                 continue
             pts = [(n, r["errors"][n]) for n in nfes if r["errors"].get(n)]
+            if not pts:
+                continue
             style = "--" if r["library"] == "diffusers" else "-"
             ax.loglog(*zip(*pts), style, marker="o", ms=3, label=f"{r['library']}: {r['sampler']}")
         ax.set_title(sc)
