@@ -133,6 +133,42 @@ class GMMDenoiser:
         return eps.reshape(x.shape).to(x.dtype)
 
 
+class GMMFamilyDenoiser(GMMDenoiser):
+    """Several :class:`GMMDenoiser` of the same dimension as one model over a stacked batch: rows
+    ``[0, sizes[0])`` belong to ``members[0]``, the next ``sizes[1]`` to ``members[1]``, and so on.  For
+    fitting a schedule on a *family* of mixtures in one calibration batch (``fit_schedule`` needs one
+    ``model_fn``), the way one would calibrate a real pipeline over many prompts."""
+
+    def __init__(self, members, sizes):
+        members, sizes = list(members), [int(s) for s in sizes]
+        if not members or len(members) != len(sizes) or any(s <= 0 for s in sizes):
+            raise ValueError("GMMFamilyDenoiser needs one positive row count per member (and >= 1 member)")
+        dims = {m.mixture.dims for m in members}
+        if len(dims) != 1:
+            raise ValueError(f"family members must share one dimension, got {sorted(dims)}")
+        for m, s in zip(members, sizes):
+            if m.class_labels is not None and len(m.class_labels) != s:
+                raise ValueError(f"a member has {len(m.class_labels)} class labels for {s} rows")
+        self.members, self.sizes = members, sizes
+        self.mixture = members[0].mixture  # dims; the noise schedule is the first member's
+        self.noise = members[0].noise
+        self.class_labels, self.guidance_scale = None, 1.0
+        self.offsets = [0, *torch.cumsum(torch.tensor(sizes), 0).tolist()]
+
+    def denoise_ve(self, x: torch.Tensor, sigma, rows=None) -> torch.Tensor:
+        rows = torch.arange(x.shape[0]) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.offsets[-1]):
+            raise IndexError(f"rows must lie in [0, {self.offsets[-1]}), got {rows.tolist()}")
+        sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1, 1)
+        out = torch.empty(x.shape, dtype=torch.float64)
+        for m, lo, hi in zip(self.members, self.offsets, self.offsets[1:]):
+            pos = ((rows >= lo) & (rows < hi)).nonzero().reshape(-1)
+            if pos.numel():
+                s = sigma if sigma.shape[0] == 1 else sigma[pos]
+                out[pos] = m.denoise_ve(x[pos], s, rows[pos] - lo)
+        return out
+
+
 def probability_flow_reference(
     model: GMMDenoiser,
     x_start: torch.Tensor,
@@ -184,6 +220,7 @@ def median_rms_error(samples: torch.Tensor, reference: torch.Tensor) -> float:
 
 __all__ = [
     "GMMDenoiser",
+    "GMMFamilyDenoiser",
     "GaussianMixture",
     "median_rms_error",
     "probability_flow_reference",
