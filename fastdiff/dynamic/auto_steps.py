@@ -11,7 +11,7 @@ prompts). The table names its ``signal``:
   intricate, 4k, textured, striped, checkered, noisy").
 
 A signal is kept only if it predicts the steps an image needs (Spearman correlation with the fewest steps
-reaching the fidelity target against its 100-step reference, :mod:`fastdiff.dynamic.step_calibration`). On
+reaching the fidelity target against its reference (the table's ``meta``), :mod:`fastdiff.dynamic.step_calibration`). On
 fastdiff-tiny none did on held-out prompts (``benchmarks/results/dynamic_steps.md``), so the committed table
 gives every image one count: the steps that brought every calibration image to the target. The probe's
 steps are not wasted when the shortest schedule is chosen (the run simply continues), and when the chosen

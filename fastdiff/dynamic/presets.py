@@ -5,16 +5,17 @@ Each preset is a step count of fastdiff's default sampler, DPM-Solver++(2M) (Lu 
 every measured NFE from 6 to 20 on the trained model (``benchmarks/results/sampler_defaults.md``).
 
 The counts are chosen by one rule on fastdiff-tiny (shipped weights, guidance 5, 72 held-out prompts),
-the share of images whose PSNR against the same noise's 100-step reference reaches 30 dB
-(``benchmarks/results/dynamic_steps.md``, fixed-schedule table):
+the share of images whose PSNR against the same noise's converged reference (200 DPM-Solver++(2M) steps,
+``benchmarks/_reference.py``) reaches 30 dB (``benchmarks/results/dynamic_steps.md``, fixed-schedule table):
 
-* ``fast`` = 10: the fewest steps with at least half the images there (38 of 72; mean 29.6 dB);
-* ``balanced`` = 13: the fewest with at least 75% (58 of 72; mean 36.5 dB);
-* ``quality`` = 20: the fewest with at least 95% (70 of 72; mean 47.6 dB). 25 steps also reached 70 of 72,
-  with a lower worst image (20.6 against 23.9 dB).
+* ``fast`` = 10: the fewest steps with at least half the images there (40 of 72; mean 29.8 dB);
+* ``balanced`` = 13: the fewest with at least 75% (58 of 72; mean 36.3 dB);
+* ``quality`` = 20: the fewest with at least 95% (71 of 72; mean 46.7 dB, worst 28.3 dB; 25 steps reach
+  70 of 72, worst 25.9 dB).
 
 Attribute accuracy (shape colour, background colour and shape all right) does not separate them: on the
-144-image draft comparison 10 steps score 0.764, 13 steps 0.826 and the 100-step reference 0.778.
+144-image draft comparison 10 steps score 0.764 and 13 steps 0.826; the reference scores 0.792 on the
+72 images above.
 """
 
 from __future__ import annotations
