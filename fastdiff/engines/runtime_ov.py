@@ -32,6 +32,7 @@ from .runtime_common import check_threads, numpy_feed
 
 ARTIFACT = "engine.xml"
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32", "mixed": None}
+BIAS_CORRECTIONS = ("fast", "full", "none")  # NNCF's bias correction after min-max (quantize's option)
 
 
 def require_openvino(feature: str = "OpenVINO engines", nncf: bool = False):
@@ -146,7 +147,7 @@ def quantize(
     num_records: int,
     exclude: Iterable[str] = (),
     smooth_quant: bool = True,
-    fast_bias_correction: bool = True,
+    bias_correction: str = "fast",
     progress: bool = False,
     static: bool = True,
     weights: Sequence[str | os.PathLike] = (),
@@ -160,6 +161,9 @@ def quantize(
         exclude: node-name regexes kept in float (NNCF ``IgnoredScope`` patterns).
         smooth_quant: SmoothQuant (Xiao et al. 2023, eq. 4: per-channel s_j = max|X_j|^α / max|W_j|^(1-α))
             on MatMuls with NNCF's transformer alpha; ``False`` disables it.
+        bias_correction: NNCF's bias correction after min-max: "fast" (its FastBiasCorrection: one small
+            sub-model compiled and run per biased layer), "full" (BiasCorrection: slower, more accurate
+            in general) or "none" (disabled).
         progress: NNCF's own progress bars (fastdiff shows a bar per statistics pass either way).
         static: when every record has the same input shapes, calibrate a copy reshaped to them
             (:func:`static_for_calibration`) and give the quantised model back its dynamic axes.
@@ -167,6 +171,8 @@ def quantize(
             :func:`fastdiff.engines.mapped.weight_files`): while NNCF runs, their resident pages are
             given back once the CPU plugin holds its own packed copy (:mod:`fastdiff.engines.mapped`).
     """
+    if bias_correction not in BIAS_CORRECTIONS:
+        raise ValueError(f"bias_correction must be one of {list(BIAS_CORRECTIONS)}, got {bias_correction!r}")
     require_openvino("OpenVINO int8 quantisation", nncf=True)
     import nncf
     from nncf.quantization.advanced_parameters import (
@@ -197,7 +203,7 @@ def quantize(
     ]
     advanced = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if smooth_quant else -1),
-        disable_bias_correction=False,
+        disable_bias_correction=bias_correction == "none",
     )
     if not progress:
         nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
@@ -210,7 +216,7 @@ def quantize(
             subset_size=int(num_records),
             model_type=nncf.ModelType.TRANSFORMER,
             ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
-            fast_bias_correction=fast_bias_correction,
+            fast_bias_correction=bias_correction != "full",
             advanced_parameters=advanced,
         )
     if restore is not None:
