@@ -43,6 +43,13 @@ CANDIDATES = {
     "sq-off-bc-off": {"smooth_quant": False, "bias_correction": "none"},
     "sq-off-3rec": {"smooth_quant": False, "bias_correction": "fast", "records": 3},
     "bc-off-3rec": {"smooth_quant": True, "bias_correction": "none", "records": 3},
+    "sq-off-bc-off-numpy-stats": {
+        "smooth_quant": False,
+        "bias_correction": "none",
+        "inplace_statistics": False,
+    },
+    "numpy-stats": {"smooth_quant": True, "bias_correction": "fast", "inplace_statistics": False},
+    "sq-off-numpy-stats": {"smooth_quant": False, "bias_correction": "fast", "inplace_statistics": False},
 }
 
 
@@ -205,6 +212,7 @@ def main(argv=None):
             "candidate": name,
             "smooth_quant": opts["smooth_quant"],
             "bias_correction": opts["bias_correction"],
+            "inplace_statistics": opts.get("inplace_statistics", True),
             "records": len(records),
             "est_build_s": round(shared["shared_s"] + quantize_s + save_s, 1),
             "quantize_s": round(quantize_s, 1),
@@ -255,6 +263,7 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
         "candidate",
         "smooth_quant",
         "bias_correction",
+        "inplace_statistics",
         "records",
         "est_build_s",
         "quantize_s",
@@ -292,6 +301,8 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
             "- statistics_passes_s: each NNCF statistics pass (SmoothQuant's first when on, then min-max's); "
             "stats_compile_s: the compiles of their statistics models; stats_infer_s: their inference on the "
             "records; bias_correction_s: fast bias correction's apply (its sub-model compiles and runs).",
+            "- inplace_statistics False: NNCF's statistics model returns the raw activations (and weights) "
+            "and NNCF reduces them in numpy, instead of reduction ops inside the model (its default).",
             "- step_s: median of round-robin repetitions with eager in the same process (vs_eager = eager/step).",
             "- Load average: " + loads + ".",
         ]

@@ -148,6 +148,7 @@ def quantize(
     exclude: Iterable[str] = (),
     smooth_quant: bool = True,
     bias_correction: str = "fast",
+    inplace_statistics: bool = True,
     progress: bool = False,
     static: bool = True,
     weights: Sequence[str | os.PathLike] = (),
@@ -164,6 +165,8 @@ def quantize(
         bias_correction: NNCF's bias correction after min-max: "fast" (its FastBiasCorrection: one small
             sub-model compiled and run per biased layer), "full" (BiasCorrection: slower, more accurate
             in general) or "none" (disabled).
+        inplace_statistics: NNCF reduces activations (and weights) to their statistics inside the
+            statistics model (``True``, its default) or returns the raw tensors and reduces them in numpy.
         progress: NNCF's own progress bars (fastdiff shows a bar per statistics pass either way).
         static: when every record has the same input shapes, calibrate a copy reshaped to them
             (:func:`static_for_calibration`) and give the quantised model back its dynamic axes.
@@ -204,6 +207,7 @@ def quantize(
     advanced = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if smooth_quant else -1),
         disable_bias_correction=bias_correction == "none",
+        inplace_statistics=inplace_statistics,
     )
     if not progress:
         nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
