@@ -43,6 +43,10 @@ CANDIDATES = {
     "sq-off-bc-off": {"smooth_quant": False, "bias_correction": "none"},
     "sq-off-3rec": {"smooth_quant": False, "bias_correction": "fast", "records": 3},
     "bc-off-3rec": {"smooth_quant": True, "bias_correction": "none", "records": 3},
+    "default-fold": {"smooth_quant": True, "bias_correction": "fast", "fold_statistics": True},
+    "sq-off-bc-off-fold": {"smooth_quant": False, "bias_correction": "none", "fold_statistics": True},
+    "sq-off-fold": {"smooth_quant": False, "bias_correction": "fast", "fold_statistics": True},
+    "bc-off-fold": {"smooth_quant": True, "bias_correction": "none", "fold_statistics": True},
     "sq-off-bc-off-numpy-stats": {
         "smooth_quant": False,
         "bias_correction": "none",
@@ -53,7 +57,7 @@ CANDIDATES = {
 }
 
 
-def shared_stages(unet, work: Path, sequence_length: int, fresh: bool) -> dict:
+def shared_stages(unet, work: Path, sequence_length: int, fresh: bool, timeline: Timeline) -> dict:
     """ONNX export, conversion and fp32 IR save as compile_engine's int8 build does them (timed)."""
     from fastdiff.engines import export as _export
     from fastdiff.engines import runtime_ov
@@ -90,6 +94,12 @@ def shared_stages(unet, work: Path, sequence_length: int, fresh: bool) -> dict:
     runtime_ov.require_openvino().Core().read_model(str(folder / "fp32.xml"))
     out["fp32_ir_read_s"] = round(time.perf_counter() - t, 1)
     out["shared_s"] = round(sum(v for k, v in out.items() if k.endswith("_s")), 1)
+    inside = [e for e in timeline.events if e["parent"] is not None]
+    out["export_stages_s"] = {
+        e["stage"]: round(e.get("end_s", e["start_s"]) - e["start_s"], 1)
+        for e in inside
+        if timeline.events[e["parent"]]["stage"] == "ONNX export (total)"
+    }
     out["ir"] = str(folder / "fp32.xml")
     timings.write_text(json.dumps(out, indent=1))
     return out
@@ -161,7 +171,11 @@ def main(argv=None):
     quant = QuantConfig(max_calibration_records=32)
     calib_part, _ = fit.split(quant.holdout_every)  # as compile_engine
     sequence_length = int(calib.records[0]["encoder_hidden_states"].shape[1])
-    shared = shared_stages(unet, work, sequence_length, args.fresh_export)
+    timeline = Timeline()
+    for target in TARGETS:
+        timeline.wrap(*target)
+    timeline.t0 = time.perf_counter()
+    shared = shared_stages(unet, work, sequence_length, args.fresh_export, timeline)
     print("shared stages:", shared, flush=True)
     signature = unet_signature(unet)
     record = held.records[len(held) // 2]
@@ -170,10 +184,6 @@ def main(argv=None):
         with torch.no_grad():
             return unet(**signature.from_flat(r), return_dict=False)[0]
 
-    timeline = Timeline()
-    for target in TARGETS:
-        timeline.wrap(*target)
-    timeline.t0 = time.perf_counter()
     core = runtime_ov.require_openvino().Core()
     rows = []
     for name in args.candidates.split(","):
@@ -213,6 +223,7 @@ def main(argv=None):
             "smooth_quant": opts["smooth_quant"],
             "bias_correction": opts["bias_correction"],
             "inplace_statistics": opts.get("inplace_statistics", True),
+            "fold_statistics": opts.get("fold_statistics", False),
             "records": len(records),
             "est_build_s": round(shared["shared_s"] + quantize_s + save_s, 1),
             "quantize_s": round(quantize_s, 1),
@@ -264,6 +275,7 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
         "smooth_quant",
         "bias_correction",
         "inplace_statistics",
+        "fold_statistics",
         "records",
         "est_build_s",
         "quantize_s",
@@ -303,6 +315,9 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
             "records; bias_correction_s: fast bias correction's apply (its sub-model compiles and runs).",
             "- inplace_statistics False: NNCF's statistics model returns the raw activations (and weights) "
             "and NNCF reduces them in numpy, instead of reduction ops inside the model (its default).",
+            "- fold_statistics True: the weights' reductions NNCF puts in its statistics model are computed with "
+            "numpy before OpenVINO compiles it (fastdiff.engines.runtime_ov.fold_constant_statistics), instead of "
+            "by OpenVINO's constant folding during the compile.",
             "- step_s: median of round-robin repetitions with eager in the same process (vs_eager = eager/step).",
             "- Load average: " + loads + ".",
         ]
