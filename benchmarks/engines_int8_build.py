@@ -47,6 +47,12 @@ CANDIDATES = {
     "sq-off-bc-off-fold": {"smooth_quant": False, "bias_correction": "none", "fold_statistics": True},
     "sq-off-fold": {"smooth_quant": False, "bias_correction": "fast", "fold_statistics": True},
     "bc-off-fold": {"smooth_quant": True, "bias_correction": "none", "fold_statistics": True},
+    "pytorch-sq-off-bc-off-fold": {
+        "smooth_quant": False,
+        "bias_correction": "none",
+        "fold_statistics": True,
+        "source": "pytorch",
+    },
     "sq-off-bc-off-numpy-stats": {
         "smooth_quant": False,
         "bias_correction": "none",
@@ -178,6 +184,9 @@ def main(argv=None):
     shared = shared_stages(unet, work, sequence_length, args.fresh_export, timeline)
     print("shared stages:", shared, flush=True)
     signature = unet_signature(unet)
+    from fastdiff.engines.config import ExportConfig
+    from fastdiff.engines.openvino_build import convert_pytorch
+
     record = held.records[len(held) // 2]
 
     def eager(r):
@@ -191,15 +200,24 @@ def main(argv=None):
         records = calib_part.subset(min(opts.pop("records", quant.max_calibration_records), 32))
         print(f"candidate {name}: {opts}, {len(records)} records", flush=True)
         start = len(timeline.events)
+        source = opts.pop("source", "onnx")
         with PeakRSS() as mem:
-            model = core.read_model(shared["ir"])
+            if source == "pytorch":  # compile_engine's ExportConfig(openvino_source="pytorch") route
+                t = time.perf_counter()
+                model = convert_pytorch(unet, signature, ExportConfig(sequence_length=sequence_length))
+                row_shared_s = time.perf_counter() - t
+                weights = ()
+            else:
+                model = core.read_model(shared["ir"])
+                row_shared_s = shared["shared_s"]
+                weights = weight_files(shared["ir"])
             t = time.perf_counter()
             quantised = runtime_ov.quantize(
                 model,
                 records.records,
                 num_records=len(records),
                 exclude=quant.exclude,
-                weights=weight_files(shared["ir"]),
+                weights=weights,
                 **opts,
             )
             quantize_s = time.perf_counter() - t
@@ -225,7 +243,9 @@ def main(argv=None):
             "inplace_statistics": opts.get("inplace_statistics", True),
             "fold_statistics": opts.get("fold_statistics", False),
             "records": len(records),
-            "est_build_s": round(shared["shared_s"] + quantize_s + save_s, 1),
+            "source": source,
+            "shared_s": round(row_shared_s, 1),
+            "est_build_s": round(row_shared_s + quantize_s + save_s, 1),
             "quantize_s": round(quantize_s, 1),
             "save_s": round(save_s, 1),
             **stages,
@@ -272,11 +292,13 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
     cols = [
         "run",
         "candidate",
+        "source",
         "smooth_quant",
         "bias_correction",
         "inplace_statistics",
         "fold_statistics",
         "records",
+        "shared_s",
         "est_build_s",
         "quantize_s",
         "statistics_passes_s",
@@ -313,6 +335,8 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
             "- statistics_passes_s: each NNCF statistics pass (SmoothQuant's first when on, then min-max's); "
             "stats_compile_s: the compiles of their statistics models; stats_infer_s: their inference on the "
             "records; bias_correction_s: fast bias correction's apply (its sub-model compiles and runs).",
+            "- source pytorch: the U-Net converted directly (openvino.convert_model on the module, "
+            "ExportConfig(openvino_source='pytorch')), timed per row as its shared_s; onnx: the shared ONNX stages.",
             "- inplace_statistics False: NNCF's statistics model returns the raw activations (and weights) "
             "and NNCF reduces them in numpy, instead of reduction ops inside the model (its default).",
             "- fold_statistics True: the weights' reductions NNCF puts in its statistics model are computed with "
