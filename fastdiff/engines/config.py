@@ -15,8 +15,14 @@ class QuantConfig:
     level, method, exclude, percentile: see :func:`fastdiff.engines.quantize` (ONNX Runtime and
     TensorRT; OpenVINO uses ``exclude`` as its ignored scope). max_calibration_records: records
     spread over the timesteps that calibrate. holdout_every: every n-th record is held back to judge
-    quality. smooth_quant: OpenVINO, SmoothQuant on MatMuls (NNCF, alpha 0.95). min_group_snr_db:
+    quality. smooth_quant: OpenVINO, SmoothQuant on MatMuls (NNCF, alpha 0.95). bias_correction:
+    OpenVINO, NNCF's bias correction after min-max ("fast", "full" or "none"). min_group_snr_db:
     OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision.
+
+    OpenVINO's defaults (SmoothQuant off, no bias correction) are the fastest build measured on the
+    full SD1.5 U-Net at 256^2, at a higher SNR than NNCF's own (SmoothQuant on, fast bias correction):
+    benchmarks/results/engines-cpu-int8-build-256-avx512.md (random weights: not checked on trained
+    ones; ``smooth_quant=True, bias_correction="fast"`` gives NNCF's recipe back).
     """
 
     level: str = "conv+ffn+qkv"
@@ -25,10 +31,15 @@ class QuantConfig:
     percentile: float = 99.999
     max_calibration_records: int | None = 64
     holdout_every: int = 4
-    smooth_quant: bool = True
+    smooth_quant: bool = False
+    bias_correction: str = "none"
     min_group_snr_db: float = 30.0
 
     def __post_init__(self):
+        if self.bias_correction not in ("fast", "full", "none"):
+            raise ValueError(
+                f"QuantConfig.bias_correction must be 'fast', 'full' or 'none', got {self.bias_correction!r}"
+            )
         if isinstance(self.exclude, str):
             object.__setattr__(self, "exclude", (self.exclude,))
         object.__setattr__(self, "exclude", tuple(self.exclude))

@@ -154,6 +154,7 @@ def build_openvino(
         num_records=len(records),
         exclude=keep,
         smooth_quant=spec.quant.smooth_quant,
+        bias_correction=spec.quant.bias_correction,
         weights=weights,
     )
     runtime_ov.save(quantised, artifact)

@@ -234,10 +234,10 @@ def quantize(
     *,
     num_records: int,
     exclude: Iterable[str] = (),
-    smooth_quant: bool = True,
-    bias_correction: str = "fast",
+    smooth_quant: bool = False,
+    bias_correction: str = "none",
     inplace_statistics: bool = True,
-    fold_statistics: bool = False,
+    fold_statistics: bool = True,
     progress: bool = False,
     static: bool = True,
     weights: Sequence[str | os.PathLike] = (),
@@ -250,10 +250,10 @@ def quantize(
         num_records: how many records NNCF reads (``subset_size``).
         exclude: node-name regexes kept in float (NNCF ``IgnoredScope`` patterns).
         smooth_quant: SmoothQuant (Xiao et al. 2023, eq. 4: per-channel s_j = max|X_j|^α / max|W_j|^(1-α))
-            on MatMuls with NNCF's transformer alpha; ``False`` disables it.
+            on MatMuls with NNCF's transformer alpha; ``False`` (default, as :class:`QuantConfig`) disables it.
         bias_correction: NNCF's bias correction after min-max: "fast" (its FastBiasCorrection: one small
             sub-model compiled and run per biased layer), "full" (BiasCorrection: slower, more accurate
-            in general) or "none" (disabled).
+            in general) or "none" (disabled; default, as :class:`QuantConfig`).
         inplace_statistics: NNCF reduces activations (and weights) to their statistics inside the
             statistics model (``True``, its default) or returns the raw tensors and reduces them in numpy.
         fold_statistics: compute the statistics of constants (the weights' ranges) with numpy instead
