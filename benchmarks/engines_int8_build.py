@@ -149,7 +149,15 @@ def stage_totals(timeline: Timeline, start: int) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", default="engines-cpu-int8-build-256-avx512")
-    p.add_argument("--workdir", default="/tmp/fastdiff-bench-engines-cpu-sd15-256-avx512")
+    p.add_argument(
+        "--workdir", default=None, help="default: the 256^2 cpu suite's (sd15-full), else per name"
+    )
+    p.add_argument(
+        "--model",
+        default="sd15-full",
+        choices=["sd15-full", "tiny"],
+        help="tiny: fastdiff-tiny's trained U-Net (records from training prompts): trained-weight SNR",
+    )
     p.add_argument("--candidates", default="default,sq-off,bc-off,sq-off-bc-off")
     p.add_argument("--reps", type=int, default=3, help="round-robin repetitions of eager and the engine")
     p.add_argument("--fresh-export", action="store_true", help="re-measure the shared stages")
@@ -166,12 +174,20 @@ def main(argv=None):
     from fastdiff.unet_inputs import unet_signature
 
     load_before = os.getloadavg()
-    pipe, args.side = make_pipeline("sd15-full", 256)
+    pipe, args.side = make_pipeline(args.model, 256)
     args.guidance, args.steps = 7.5, 4
     unet = pipe.unet
+    if args.workdir is None:
+        sd15 = args.model == "sd15-full"
+        args.workdir = f"/tmp/fastdiff-bench-{'engines-cpu-sd15-256-avx512' if sd15 else args.name}"
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    calib = _records(pipe, args, work, _prompts(2))
+    prompts = _prompts(2)
+    if args.model == "tiny":  # as engines.py: training-split prompts
+        from fastdiff.tiny.data import sample_attributes
+
+        prompts = [a.prompt for a in sample_attributes(2, seed=0, split="train")]
+    calib = _records(pipe, args, work, prompts)
     fit, held = calib.split(4)  # as engines_cpu.run_rows
     held = held.subset(2)
     quant = QuantConfig(max_calibration_records=32)
@@ -279,7 +295,14 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
     meta.update(header())
     from fastdiff._compat import version_of
 
-    meta.update({"openvino": version_of("openvino"), "nncf": version_of("nncf")})
+    meta.update(
+        {
+            "openvino": version_of("openvino"),
+            "nncf": version_of("nncf"),
+            "model": args.model,
+            "side_px": args.side,
+        }
+    )
     runs = dict(prior["meta"].get("runs", {}))
     runs[str(run)] = {
         "date": meta["date"],
@@ -325,8 +348,13 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
     )
     notes = "\n".join(
         [
-            "- Full-width SD1.5-architecture U-Net, random weights, 256^2 (32^2 latent, batch 2), OpenVINO int8 "
-            "through NNCF on the ONNX route (compile_engine's default for int8), 5 calibration records unless "
+            (
+                "- Full-width SD1.5-architecture U-Net, random weights, 256^2 (32^2 latent, batch 2), OpenVINO int8 "
+                if meta["model"] == "sd15-full"
+                else f"- fastdiff-tiny's trained U-Net (shipped weights) at {meta['side_px']}^2, records from 2 "
+                "training prompts x 4 steps, guidance 7.5 (not the random-weight SD1.5 U-Net), OpenVINO int8 "
+            )
+            + "through NNCF on the ONNX route (compile_engine's default for int8), 5 calibration records unless "
             "`records` says fewer (the ov-int8 row's records), SNR vs eager PyTorch fp32 on 2 held-back records. "
             "Random-weight SNR is not trained-weight SNR.",
             "- est_build_s = shared stages (measured once per run, not per candidate) + quantize_s (the NNCF call) + "
@@ -342,7 +370,9 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
             "- fold_statistics True: the weights' reductions NNCF puts in its statistics model are computed with "
             "numpy before OpenVINO compiles it (fastdiff.engines.runtime_ov.fold_constant_statistics), instead of "
             "by OpenVINO's constant folding during the compile.",
-            "- step_s: median of round-robin repetitions with eager in the same process (vs_eager = eager/step).",
+            "- step_s: median of round-robin repetitions with eager in the same process (vs_eager = eager/step). "
+            "The 2 cores were shared with other, unlocked jobs (load_1min 4-7 in runs 1-4): vs_eager there is "
+            "distorted (eager slowed more than the engine); compare step_s between candidates of one run only.",
             "- Load average: " + loads + ".",
         ]
     )

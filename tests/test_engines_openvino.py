@@ -51,6 +51,7 @@ def int8_cache(pipe, calib, tmp_path_factory):
         calibration=calib,
         cache_dir=root,
         gate=GateConfig(min_snr_db=None),
+        export=ExportConfig(openvino_source="onnx"),  # the route the static-vs-dynamic test compares
     )
     return root, engine
 
@@ -174,6 +175,7 @@ def test_int8_quality_gate_refuses_and_installs_nothing(pipe, calib, int8_cache)
             calibration=calib,
             cache_dir=root,
             gate=GateConfig(min_snr_db=200),
+            export=ExportConfig(openvino_source="onnx"),
         )
     assert not isinstance(pipe.unet, EngineUNet)
 
@@ -281,10 +283,16 @@ def test_fp32_from_pytorch_writes_no_onnx_and_source_is_keyed(pipe, tmp_path, mo
         ExportConfig(openvino_source="tf")
 
 
-def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp_path):
-    """The PyTorch route shares the U-Net's weight memory with NNCF: quantising must not write into it,
-    and the ONNX-named exclusions must still keep conv_in/conv_out/time embedding in float. ~15 s."""
+def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp_path, monkeypatch):
+    """The PyTorch route (int8's default) shares the U-Net's weight memory with NNCF: quantising must not
+    write into it, and the ONNX-named exclusions must still keep conv_in/conv_out/time embedding in float;
+    no ONNX file is exported. ~15 s."""
     before = weights_fingerprint(pipe.unet)
+
+    def no_export(*a, **k):
+        raise AssertionError("int8 OpenVINO build exported ONNX")
+
+    monkeypatch.setattr(export_mod, "export_onnx", no_export)
     engine = compile_engine(
         pipe.unet,
         backend="openvino",
@@ -292,7 +300,6 @@ def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp
         calibration=calib,
         use_cache=False,
         gate=GateConfig(min_snr_db=None),
-        export=ExportConfig(openvino_source="pytorch"),
     )
     assert weights_fingerprint(pipe.unet) == before
     kept = engine.build_info["high_precision_layers"]
@@ -329,7 +336,14 @@ def test_onnx_route_frees_the_converted_model_before_nncf(pipe, calib, monkeypat
     monkeypatch.setattr(runtime_ov, "convert", convert)
     monkeypatch.setattr(runtime_ov, "quantize", quantize)
     with pytest.raises(Stop):
-        compile_engine(pipe.unet, backend="openvino", precision="int8", calibration=calib, use_cache=False)
+        compile_engine(
+            pipe.unet,
+            backend="openvino",
+            precision="int8",
+            calibration=calib,
+            use_cache=False,
+            export=ExportConfig(openvino_source="onnx"),
+        )
 
 
 def test_fold_constant_statistics_replaces_weight_reductions_only():

@@ -73,9 +73,10 @@ class ExportConfig:
     openvino_source: what OpenVINO converts. "pytorch": ``openvino.convert_model`` on the U-Net
     itself, no ONNX file (weights shared with the U-Net, not copied); "onnx": the ONNX export, as the
     other backends; None (default): "pytorch" for fp32/bf16 (same output to 0.05 dB, faster) and
-    "onnx" for int8/mixed (NNCF places its quantisers differently on the PyTorch frontend's graph:
-    about 1 dB lower SNR, benchmarks/results/engines-cpu-build-profile*.md). "mixed" always goes
-    through ONNX (its layer sensitivity runs on the ONNX graph)."""
+    int8 (with SmoothQuant on, NNCF's quantisers on the PyTorch frontend's graph gave about 1 dB lower
+    SNR, benchmarks/results/engines-cpu-build-profile*.md; with the defaults of QuantConfig, SmoothQuant
+    and bias correction off, both routes give the same SNR: engines-cpu-int8-build-256-avx512.md).
+    "mixed" always goes through ONNX (its layer sensitivity runs on the ONNX graph)."""
 
     opset: int = 17
     dynamic: tuple[str, ...] = ("batch", "height", "width")

@@ -4,9 +4,12 @@ Kept apart from ``compile.py`` (backend-neutral: cache, gate, install) so each b
 reads in one place. ``layers.json`` beside the model records which layers stayed unquantised.
 
 fp32 and bf16 convert the PyTorch U-Net directly (``openvino.convert_model``, TorchScript tracing,
-weights shared with the module): no ONNX file is written, checked and parsed again. int8 and mixed
-take the ONNX export by default (see ``ExportConfig.openvino_source``): NNCF quantises the PyTorch
-frontend's graph about 1 dB worse. Either way the graph is traced at a small latent when every
+weights shared with the module): no ONNX file is written, checked and parsed again. So does int8:
+with SmoothQuant on, NNCF quantised the PyTorch frontend's graph about 1 dB worse than the ONNX one;
+with this round's defaults (SmoothQuant and bias correction off) both give 27.6 dB on the full SD1.5
+U-Net, and skipping the export halves the rest of the build
+(benchmarks/results/engines-cpu-int8-build-256-avx512.md). mixed takes the ONNX export (see
+``ExportConfig.openvino_source``). Either way the graph is traced at a small latent when every
 spatial axis stays dynamic (:func:`trace_shape`).
 """
 
@@ -34,12 +37,12 @@ LAYERS_FILE = "layers.json"
 
 def openvino_source(precision: str, export) -> str:
     """What the build converts: ``export.openvino_source`` if set (but "onnx" for mixed), else
-    "onnx" for int8/mixed and "pytorch" for fp32/bf16."""
+    "onnx" for mixed (its layer sensitivity runs on the ONNX graph) and "pytorch" for the rest."""
     if precision == "mixed":
         return "onnx"
     if export.openvino_source is not None:
         return export.openvino_source
-    return "onnx" if precision in QUANTISED else "pytorch"
+    return "onnx" if precision == "mixed" else "pytorch"
 
 
 def trace_shape(signature, export) -> tuple[int, int, int, int]:
