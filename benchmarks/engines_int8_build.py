@@ -161,7 +161,11 @@ def main(argv=None):
     p.add_argument("--candidates", default="default,sq-off,bc-off,sq-off-bc-off")
     p.add_argument("--reps", type=int, default=3, help="round-robin repetitions of eager and the engine")
     p.add_argument("--fresh-export", action="store_true", help="re-measure the shared stages")
+    p.add_argument("--rewrite-notes", action="store_true", help="only rewrite NAME's notes and table")
     args = p.parse_args(argv)
+    if args.rewrite_notes:
+        args.side = None
+        return write(args, None, [], None)
     unknown = set(args.candidates.split(",")) - set(CANDIDATES)
     if unknown:
         raise SystemExit(f"unknown --candidates {sorted(unknown)}; valid: {list(CANDIDATES)}")
@@ -282,12 +286,14 @@ def main(argv=None):
     write(args, shared, rows, load_before, final=True)
 
 
-def write(args, shared: dict, rows: list[dict], load_before, final: bool = False) -> None:
+def write(args, shared: dict | None, rows: list[dict], load_before, final: bool = False) -> None:
     """Append this invocation's rows (so far) to the results file, one run number per invocation."""
     path = RESULTS_DIR / f"{args.name}.json"
     prior = json.loads(path.read_text()) if path.is_file() else {"rows": [], "meta": {}}
     run = getattr(args, "_run", None)
-    if run is None:
+    if run is None and shared is None:
+        run = 0
+    elif run is None:
         run = args._run = 1 + max((r["run"] for r in prior["rows"]), default=0)
     kept = [r for r in prior["rows"] if r["run"] != run]
     new = [{"run": run, **r} for r in rows]
@@ -304,13 +310,16 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
         }
     )
     runs = dict(prior["meta"].get("runs", {}))
-    runs[str(run)] = {
-        "date": meta["date"],
-        "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
-        "shared_stages": shared,
-        "complete": final,
-    }
+    if shared is None:  # --rewrite-notes: the file's runs and meta as they are, notes from this code
+        meta, new = prior["meta"], []
+    else:
+        runs[str(run)] = {
+            "date": meta["date"],
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "shared_stages": shared,
+            "complete": final,
+        }
     meta["runs"] = runs
     cols = [
         "run",
@@ -350,11 +359,11 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
         [
             (
                 "- Full-width SD1.5-architecture U-Net, random weights, 256^2 (32^2 latent, batch 2), OpenVINO int8 "
-                if meta["model"] == "sd15-full"
+                if meta.get("model", "sd15-full") == "sd15-full"
                 else f"- fastdiff-tiny's trained U-Net (shipped weights) at {meta['side_px']}^2, records from 2 "
                 "training prompts x 4 steps, guidance 7.5 (not the random-weight SD1.5 U-Net), OpenVINO int8 "
             )
-            + "through NNCF on the ONNX route (compile_engine's default for int8), 5 calibration records unless "
+            + "through NNCF (on the ONNX route unless `source` says pytorch), 5 calibration records unless "
             "`records` says fewer (the ov-int8 row's records), SNR vs eager PyTorch fp32 on 2 held-back records. "
             "Random-weight SNR is not trained-weight SNR.",
             "- est_build_s = shared stages (measured once per run, not per candidate) + quantize_s (the NNCF call) + "
@@ -371,8 +380,10 @@ def write(args, shared: dict, rows: list[dict], load_before, final: bool = False
             "numpy before OpenVINO compiles it (fastdiff.engines.runtime_ov.fold_constant_statistics), instead of "
             "by OpenVINO's constant folding during the compile.",
             "- step_s: median of round-robin repetitions with eager in the same process (vs_eager = eager/step). "
-            "The 2 cores were shared with other, unlocked jobs (load_1min 4-7 in runs 1-4): vs_eager there is "
-            "distorted (eager slowed more than the engine); compare step_s between candidates of one run only.",
+            "The 2 cores were shared with other, unlocked jobs (load_1min 3-7): vs_eager is distorted (eager, "
+            "2 OpenMP threads, slowed 4-5x against 2.2-3.1 s in quiet runs; the engine far less); compare "
+            "step_s between candidates of one run only. A missing source means onnx; a missing "
+            "inplace_statistics/fold_statistics means True/False (columns added after run 1).",
             "- Load average: " + loads + ".",
         ]
     )
