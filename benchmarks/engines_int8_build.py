@@ -53,6 +53,12 @@ CANDIDATES = {
         "fold_statistics": True,
         "source": "pytorch",
     },
+    "pytorch-sq-off-fold": {
+        "smooth_quant": False,
+        "bias_correction": "fast",
+        "fold_statistics": True,
+        "source": "pytorch",
+    },
     "sq-off-bc-off-numpy-stats": {
         "smooth_quant": False,
         "bias_correction": "none",
