@@ -59,6 +59,12 @@ CANDIDATES = {
         "fold_statistics": True,
         "source": "pytorch",
     },
+    "pytorch-bc-off-fold": {
+        "smooth_quant": True,
+        "bias_correction": "none",
+        "fold_statistics": True,
+        "source": "pytorch",
+    },
     "sq-off-bc-off-numpy-stats": {
         "smooth_quant": False,
         "bias_correction": "none",
