@@ -19,10 +19,13 @@ class QuantConfig:
     OpenVINO, NNCF's bias correction after min-max ("fast", "full" or "none"). min_group_snr_db:
     OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision.
 
-    OpenVINO's defaults (SmoothQuant off, no bias correction) are the fastest build measured on the
-    full SD1.5 U-Net at 256^2, at a higher SNR than NNCF's own (SmoothQuant on, fast bias correction):
-    benchmarks/results/engines-cpu-int8-build-256-avx512.md (random weights: not checked on trained
-    ones; ``smooth_quant=True, bias_correction="fast"`` gives NNCF's recipe back).
+    OpenVINO defaults: SmoothQuant on, no bias correction. Bias correction changed the SNR by under
+    0.1 dB on both U-Nets measured and costs one sub-model compile per layer (~26 s of the full SD1.5
+    U-Net's build at 256^2). ``smooth_quant=False`` is the fast option: build 103 s instead of 164 s
+    at 256^2 (benchmarks/results/engines-cpu-sd15-256-avx512.md runs 8-9, shared CPU), +0.3 dB on the
+    random-weight SD1.5 U-Net but -0.8 dB on fastdiff-tiny's trained U-Net (36.5 -> 35.7 dB per step,
+    engines-tiny-int8-build-avx512.md), so it is not the default. ``bias_correction="fast"`` gives
+    NNCF's own recipe back.
     """
 
     level: str = "conv+ffn+qkv"
@@ -31,7 +34,7 @@ class QuantConfig:
     percentile: float = 99.999
     max_calibration_records: int | None = 64
     holdout_every: int = 4
-    smooth_quant: bool = False
+    smooth_quant: bool = True
     bias_correction: str = "none"
     min_group_snr_db: float = 30.0
 
@@ -73,9 +76,10 @@ class ExportConfig:
     openvino_source: what OpenVINO converts. "pytorch": ``openvino.convert_model`` on the U-Net
     itself, no ONNX file (weights shared with the U-Net, not copied); "onnx": the ONNX export, as the
     other backends; None (default): "pytorch" for fp32/bf16 (same output to 0.05 dB, faster) and
-    int8 (with SmoothQuant on, NNCF's quantisers on the PyTorch frontend's graph gave about 1 dB lower
-    SNR, benchmarks/results/engines-cpu-build-profile*.md; with the defaults of QuantConfig, SmoothQuant
-    and bias correction off, both routes give the same SNR: engines-cpu-int8-build-256-avx512.md).
+    int8 (an earlier profile with fast bias correction gave the PyTorch frontend's graph about 1 dB
+    lower SNR, benchmarks/results/engines-cpu-build-profile*.md; without bias correction, QuantConfig's
+    default, both routes agree to 0.1 dB: engines-cpu-int8-build-256-avx512.md,
+    engines-tiny-int8-build-avx512.md).
     "mixed" always goes through ONNX (its layer sensitivity runs on the ONNX graph)."""
 
     opset: int = 17

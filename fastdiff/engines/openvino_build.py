@@ -5,10 +5,11 @@ reads in one place. ``layers.json`` beside the model records which layers stayed
 
 fp32 and bf16 convert the PyTorch U-Net directly (``openvino.convert_model``, TorchScript tracing,
 weights shared with the module): no ONNX file is written, checked and parsed again. So does int8:
-with SmoothQuant on, NNCF quantised the PyTorch frontend's graph about 1 dB worse than the ONNX one;
-with this round's defaults (SmoothQuant and bias correction off) both give 27.6 dB on the full SD1.5
-U-Net, and skipping the export halves the rest of the build
-(benchmarks/results/engines-cpu-int8-build-256-avx512.md). mixed takes the ONNX export (see
+an earlier profile (SmoothQuant on, fast bias correction, AVX2 machine) had NNCF quantise the PyTorch
+frontend's graph about 1 dB worse than the ONNX one; with bias correction off both routes agree to
+0.1 dB (SmoothQuant off on the full SD1.5 U-Net, on or off on fastdiff-tiny's trained one:
+benchmarks/results/engines-cpu-int8-build-256-avx512.md, engines-tiny-int8-build-avx512.md), and
+skipping the export saves 50-100 s of the build at 256^2. mixed takes the ONNX export (see
 ``ExportConfig.openvino_source``). Either way the graph is traced at a small latent when every
 spatial axis stays dynamic (:func:`trace_shape`).
 """

@@ -234,7 +234,7 @@ def quantize(
     *,
     num_records: int,
     exclude: Iterable[str] = (),
-    smooth_quant: bool = False,
+    smooth_quant: bool = True,
     bias_correction: str = "none",
     inplace_statistics: bool = True,
     fold_statistics: bool = True,
@@ -250,10 +250,10 @@ def quantize(
         num_records: how many records NNCF reads (``subset_size``).
         exclude: node-name regexes kept in float (NNCF ``IgnoredScope`` patterns).
         smooth_quant: SmoothQuant (Xiao et al. 2023, eq. 4: per-channel s_j = max|X_j|^α / max|W_j|^(1-α))
-            on MatMuls with NNCF's transformer alpha; ``False`` (default, as :class:`QuantConfig`) disables it.
+            on MatMuls with NNCF's transformer alpha; ``False`` disables it.
         bias_correction: NNCF's bias correction after min-max: "fast" (its FastBiasCorrection: one small
             sub-model compiled and run per biased layer), "full" (BiasCorrection: slower, more accurate
-            in general) or "none" (disabled; default, as :class:`QuantConfig`).
+            in general) or "none" (disabled; the default, as in :class:`QuantConfig`).
         inplace_statistics: NNCF reduces activations (and weights) to their statistics inside the
             statistics model (``True``, its default) or returns the raw tensors and reduces them in numpy.
         fold_statistics: compute the statistics of constants (the weights' ranges) with numpy instead
