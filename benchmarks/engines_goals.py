@@ -385,7 +385,7 @@ def main():
         "compiles next). On the AVX-512 machine (engines-cpu-int8-build-256-avx512, NNCF settings side by side, "
         "contended CPU): that compile was ~80 s, nearly all of it OpenVINO's constant folding of the weights' "
         "reductions NNCF adds to the statistics model; fastdiff now computes them with numpy (6-20 s compile, "
-        "identical ranges), bias correction is off by default (under 0.1 dB either way, ~26 s), and int8 "
+        "identical ranges), bias correction is off by default (dropping it: under 0.1 dB here, +0.1 dB on fastdiff-tiny; ~26 s), and int8 "
         f"converts the U-Net directly instead of exporting ONNX ({PYTORCH_ROUTE}). SmoothQuant stays on: off, "
         "the build is 102.9 s (run 8, load 4.7) instead of 164.1 s (run 9, load ~3), +0.3 dB on the random-weight "
         "SD1.5 U-Net but -0.8 dB on fastdiff-tiny's trained U-Net (engines-tiny-int8-build-avx512), so "

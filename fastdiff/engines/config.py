@@ -19,9 +19,9 @@ class QuantConfig:
     OpenVINO, NNCF's bias correction after min-max ("fast", "full" or "none"). min_group_snr_db:
     OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision.
 
-    OpenVINO defaults: SmoothQuant on, no bias correction. Bias correction changed the SNR by under
-    0.1 dB on both U-Nets measured and costs one sub-model compile per layer (~26 s of the full SD1.5
-    U-Net's build at 256^2). ``smooth_quant=False`` is the fast option: build 103 s instead of 164 s
+    OpenVINO defaults: SmoothQuant on, no bias correction. Dropping bias correction changed the SNR by
+    under 0.1 dB on the random-weight SD1.5 U-Net and raised it by 0.1 dB on fastdiff-tiny's trained one;
+    it costs one sub-model compile per layer (~26 s of the full SD1.5 U-Net's build at 256^2). ``smooth_quant=False`` is the fast option: build 103 s instead of 164 s
     at 256^2 (benchmarks/results/engines-cpu-sd15-256-avx512.md runs 8-9, shared CPU), +0.3 dB on the
     random-weight SD1.5 U-Net but -0.8 dB on fastdiff-tiny's trained U-Net (36.5 -> 35.7 dB per step,
     engines-tiny-int8-build-avx512.md), so it is not the default. ``bias_correction="fast"`` gives
