@@ -124,6 +124,7 @@ def main(argv=None):
         help="cpu suite, ov-mixed: groups whose int8-alone SNR is below it stay in high precision "
         "(default: QuantConfig's)",
     )
+    p.add_argument("--note", default="", help="cpu suite: a line about this run, added to the results notes")
     args = p.parse_args(argv)
     if args.suite == "cpu":
         return cpu_suite(args)
@@ -318,6 +319,10 @@ def cpu_suite(args):
         "run are built one after another in one process: a row's peak_rss_gb includes what the earlier rows of "
         "its run still hold; in a run with one row besides eager it is that row's own peak."
     )
+    if path.is_file():  # notes written for earlier runs stay; this run's --note is added
+        notes = json.loads(path.read_text()).get("notes") or notes
+    if args.note:
+        notes = notes.rstrip() + f"\n- run {run}: {args.note}"
     paths = write_results(name, prior + new, meta, cols, notes=notes)
     print("wrote", *paths)
 

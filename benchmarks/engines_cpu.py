@@ -193,6 +193,8 @@ def _build(name, pipe, unet, fit, held, record, work: Path, args):
             **common,
         )
     info = {"cache_hit": engine.cache_hit, "quality": engine.quality, **stage}
+    if backend == "openvino" and precision in ("int8", "mixed"):
+        info.update(smooth_quant=quant.smooth_quant, bias_correction=quant.bias_correction)
     if "high_precision_layers" in engine.build_info:
         info["high_precision_layers"] = len(engine.build_info["high_precision_layers"])
         info["int8_layers"] = engine.build_info["int8_layers"]

@@ -51,6 +51,7 @@ def int8_cache(pipe, calib, tmp_path_factory):
         calibration=calib,
         cache_dir=root,
         gate=GateConfig(min_snr_db=None),
+        export=ExportConfig(openvino_source="onnx"),  # the route the static-vs-dynamic test compares
     )
     return root, engine
 
@@ -174,6 +175,7 @@ def test_int8_quality_gate_refuses_and_installs_nothing(pipe, calib, int8_cache)
             calibration=calib,
             cache_dir=root,
             gate=GateConfig(min_snr_db=200),
+            export=ExportConfig(openvino_source="onnx"),
         )
     assert not isinstance(pipe.unet, EngineUNet)
 
@@ -281,10 +283,16 @@ def test_fp32_from_pytorch_writes_no_onnx_and_source_is_keyed(pipe, tmp_path, mo
         ExportConfig(openvino_source="tf")
 
 
-def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp_path):
-    """The PyTorch route shares the U-Net's weight memory with NNCF: quantising must not write into it,
-    and the ONNX-named exclusions must still keep conv_in/conv_out/time embedding in float. ~15 s."""
+def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp_path, monkeypatch):
+    """The PyTorch route (int8's default) shares the U-Net's weight memory with NNCF: quantising must not
+    write into it, and the ONNX-named exclusions must still keep conv_in/conv_out/time embedding in float;
+    no ONNX file is exported. ~15 s."""
     before = weights_fingerprint(pipe.unet)
+
+    def no_export(*a, **k):
+        raise AssertionError("int8 OpenVINO build exported ONNX")
+
+    monkeypatch.setattr(export_mod, "export_onnx", no_export)
     engine = compile_engine(
         pipe.unet,
         backend="openvino",
@@ -292,7 +300,6 @@ def test_int8_from_pytorch_keeps_float_islands_and_unet_weights(pipe, calib, tmp
         calibration=calib,
         use_cache=False,
         gate=GateConfig(min_snr_db=None),
-        export=ExportConfig(openvino_source="pytorch"),
     )
     assert weights_fingerprint(pipe.unet) == before
     kept = engine.build_info["high_precision_layers"]
@@ -329,4 +336,76 @@ def test_onnx_route_frees_the_converted_model_before_nncf(pipe, calib, monkeypat
     monkeypatch.setattr(runtime_ov, "convert", convert)
     monkeypatch.setattr(runtime_ov, "quantize", quantize)
     with pytest.raises(Stop):
-        compile_engine(pipe.unet, backend="openvino", precision="int8", calibration=calib, use_cache=False)
+        compile_engine(
+            pipe.unet,
+            backend="openvino",
+            precision="int8",
+            calibration=calib,
+            use_cache=False,
+            export=ExportConfig(openvino_source="onnx"),
+        )
+
+
+def test_fold_constant_statistics_replaces_weight_reductions_only():
+    """#14 build time: the weights' reductions NNCF puts in its statistics model are computed with
+    numpy; the value and output names stay, reductions of activations and the graph's own ops stay."""
+    import numpy as np
+    from openvino import opset13 as ops
+
+    ov = runtime_ov.require_openvino()
+    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    x = ops.parameter([1, 4, 5, 5], np.float32, name="x")
+    weight = ops.constant(w)
+    conv = ops.convolution(x, weight, [1, 1], [0, 0], [0, 0], [1, 1])
+    wmax = ops.reduce_max(ops.abs(weight), np.array([1, 2, 3], dtype=np.int64), True)
+    wmin = ops.reduce_min(weight, np.array([-1], dtype=np.int64), False)
+    amax = ops.reduce_max(conv, np.array([0, 2, 3], dtype=np.int64), True)  # an activation: stays
+    used = ops.reduce_mean(weight, np.array([0], dtype=np.int64), True)  # feeds the graph: stays
+    for i, node in enumerate((wmax, wmin, amax)):
+        node.output(0).get_tensor().set_names({f"stat{i}"})
+    model = ov.Model(
+        [ops.result(n) for n in (conv, wmax, wmin, amax, ops.add(x, ops.reduce_sum(used, [0, 1, 2, 3])))], [x]
+    )
+    feed = {"x": np.random.default_rng(1).standard_normal((1, 4, 5, 5)).astype(np.float32)}
+    config = {"INFERENCE_PRECISION_HINT": "f32"}
+    before = ov.Core().compile_model(model, "CPU", config)(feed)
+    assert runtime_ov.fold_constant_statistics(model) == 2
+    kinds = [op.get_type_name() for op in model.get_ops()]
+    assert kinds.count("ReduceMax") == 1 and "ReduceMin" not in kinds and "ReduceMean" in kinds
+    assert [set(o.get_names()) for o in model.outputs][1:4] == [{"stat0"}, {"stat1"}, {"stat2"}]
+    after = ov.Core().compile_model(model, "CPU", config)(feed)
+    for a, b in zip(before.values(), after.values()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(list(after.values())[1], np.abs(w).max(axis=(1, 2, 3), keepdims=True))
+
+
+def test_folded_statistics_give_nncf_the_same_ranges(pipe, calib, tmp_path, monkeypatch):
+    """NNCF on the tiny U-Net with and without the folding: every FakeQuantize range is identical, and
+    the folding did replace reductions (two NNCF runs, SmoothQuant and bias correction off: ~10 s)."""
+    import numpy as np
+
+    folded = []
+    real = runtime_ov.fold_constant_statistics
+    monkeypatch.setattr(
+        runtime_ov, "fold_constant_statistics", lambda m: folded.append(real(m)) or folded[-1]
+    )
+    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
+    fit = calib.split(4)[0].subset(2)
+    runs = {}
+    for fold in (False, True):
+        runs[fold] = runtime_ov.quantize(
+            model,
+            fit.records,
+            num_records=len(fit),
+            exclude=QuantConfig().exclude,
+            smooth_quant=False,
+            bias_correction="none",
+            fold_statistics=fold,
+        )
+    assert sum(folded) > 10
+    ours, theirs = _fake_quantize_ranges(runs[True]), _fake_quantize_ranges(runs[False])
+    assert len(ours) > 20 and len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="bias_correction"):
+        runtime_ov.quantize(model, fit.records, num_records=1, bias_correction="slow")

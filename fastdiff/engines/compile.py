@@ -186,6 +186,7 @@ def compile_engine(
             "max_calibration_records": quant.max_calibration_records,
             "calibration": calib_part.fingerprint(),
             "smooth_quant": quant.smooth_quant,
+            "bias_correction": quant.bias_correction,
             "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
             "nncf": library_versions("nncf").get("nncf"),
         }

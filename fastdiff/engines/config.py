@@ -15,8 +15,17 @@ class QuantConfig:
     level, method, exclude, percentile: see :func:`fastdiff.engines.quantize` (ONNX Runtime and
     TensorRT; OpenVINO uses ``exclude`` as its ignored scope). max_calibration_records: records
     spread over the timesteps that calibrate. holdout_every: every n-th record is held back to judge
-    quality. smooth_quant: OpenVINO, SmoothQuant on MatMuls (NNCF, alpha 0.95). min_group_snr_db:
+    quality. smooth_quant: OpenVINO, SmoothQuant on MatMuls (NNCF, alpha 0.95). bias_correction:
+    OpenVINO, NNCF's bias correction after min-max ("fast", "full" or "none"). min_group_snr_db:
     OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision.
+
+    OpenVINO defaults: SmoothQuant on, no bias correction. Dropping bias correction changed the SNR by
+    under 0.1 dB on the random-weight SD1.5 U-Net and raised it by 0.1 dB on fastdiff-tiny's trained one;
+    it costs one sub-model compile per layer (~26 s of the full SD1.5 U-Net's build at 256^2). ``smooth_quant=False`` is the fast option: build 103 s instead of 164 s
+    at 256^2 (benchmarks/results/engines-cpu-sd15-256-avx512.md runs 8-9, shared CPU), +0.3 dB on the
+    random-weight SD1.5 U-Net but -0.8 dB on fastdiff-tiny's trained U-Net (36.5 -> 35.7 dB per step,
+    engines-tiny-int8-build-avx512.md), so it is not the default. ``bias_correction="fast"`` gives
+    NNCF's own recipe back.
     """
 
     level: str = "conv+ffn+qkv"
@@ -26,9 +35,14 @@ class QuantConfig:
     max_calibration_records: int | None = 64
     holdout_every: int = 4
     smooth_quant: bool = True
+    bias_correction: str = "none"
     min_group_snr_db: float = 30.0
 
     def __post_init__(self):
+        if self.bias_correction not in ("fast", "full", "none"):
+            raise ValueError(
+                f"QuantConfig.bias_correction must be 'fast', 'full' or 'none', got {self.bias_correction!r}"
+            )
         if isinstance(self.exclude, str):
             object.__setattr__(self, "exclude", (self.exclude,))
         object.__setattr__(self, "exclude", tuple(self.exclude))
@@ -62,9 +76,11 @@ class ExportConfig:
     openvino_source: what OpenVINO converts. "pytorch": ``openvino.convert_model`` on the U-Net
     itself, no ONNX file (weights shared with the U-Net, not copied); "onnx": the ONNX export, as the
     other backends; None (default): "pytorch" for fp32/bf16 (same output to 0.05 dB, faster) and
-    "onnx" for int8/mixed (NNCF places its quantisers differently on the PyTorch frontend's graph:
-    about 1 dB lower SNR, benchmarks/results/engines-cpu-build-profile*.md). "mixed" always goes
-    through ONNX (its layer sensitivity runs on the ONNX graph)."""
+    int8 (an earlier profile with fast bias correction gave the PyTorch frontend's graph about 1 dB
+    lower SNR, benchmarks/results/engines-cpu-build-profile*.md; without bias correction, QuantConfig's
+    default, both routes agree to 0.1 dB: engines-cpu-int8-build-256-avx512.md,
+    engines-tiny-int8-build-avx512.md).
+    "mixed" always goes through ONNX (its layer sensitivity runs on the ONNX graph)."""
 
     opset: int = 17
     dynamic: tuple[str, ...] = ("batch", "height", "width")

@@ -4,9 +4,13 @@ Kept apart from ``compile.py`` (backend-neutral: cache, gate, install) so each b
 reads in one place. ``layers.json`` beside the model records which layers stayed unquantised.
 
 fp32 and bf16 convert the PyTorch U-Net directly (``openvino.convert_model``, TorchScript tracing,
-weights shared with the module): no ONNX file is written, checked and parsed again. int8 and mixed
-take the ONNX export by default (see ``ExportConfig.openvino_source``): NNCF quantises the PyTorch
-frontend's graph about 1 dB worse. Either way the graph is traced at a small latent when every
+weights shared with the module): no ONNX file is written, checked and parsed again. So does int8:
+an earlier profile (SmoothQuant on, fast bias correction, AVX2 machine) had NNCF quantise the PyTorch
+frontend's graph about 1 dB worse than the ONNX one; with bias correction off both routes agree to
+0.1 dB (SmoothQuant off on the full SD1.5 U-Net, on or off on fastdiff-tiny's trained one:
+benchmarks/results/engines-cpu-int8-build-256-avx512.md, engines-tiny-int8-build-avx512.md), and
+skipping the export saves 50-100 s of the build at 256^2. mixed takes the ONNX export (see
+``ExportConfig.openvino_source``). Either way the graph is traced at a small latent when every
 spatial axis stays dynamic (:func:`trace_shape`).
 """
 
@@ -34,12 +38,12 @@ LAYERS_FILE = "layers.json"
 
 def openvino_source(precision: str, export) -> str:
     """What the build converts: ``export.openvino_source`` if set (but "onnx" for mixed), else
-    "onnx" for int8/mixed and "pytorch" for fp32/bf16."""
+    "onnx" for mixed (its layer sensitivity runs on the ONNX graph) and "pytorch" for the rest."""
     if precision == "mixed":
         return "onnx"
     if export.openvino_source is not None:
         return export.openvino_source
-    return "onnx" if precision in QUANTISED else "pytorch"
+    return "onnx" if precision == "mixed" else "pytorch"
 
 
 def trace_shape(signature, export) -> tuple[int, int, int, int]:
@@ -154,6 +158,7 @@ def build_openvino(
         num_records=len(records),
         exclude=keep,
         smooth_quant=spec.quant.smooth_quant,
+        bias_correction=spec.quant.bias_correction,
         weights=weights,
     )
     runtime_ov.save(quantised, artifact)
