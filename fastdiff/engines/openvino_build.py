@@ -43,7 +43,7 @@ def openvino_source(precision: str, export) -> str:
         return "onnx"
     if export.openvino_source is not None:
         return export.openvino_source
-    return "onnx" if precision == "mixed" else "pytorch"
+    return "pytorch"
 
 
 def trace_shape(signature, export) -> tuple[int, int, int, int]:
