@@ -389,7 +389,7 @@ def write(args, shared: dict | None, rows: list[dict], load_before, final: bool 
             "- inplace_statistics False: NNCF's statistics model returns the raw activations (and weights) "
             "and NNCF reduces them in numpy, instead of reduction ops inside the model (its default).",
             "- fold_statistics True: the weights' reductions NNCF puts in its statistics model are computed with "
-            "numpy before OpenVINO compiles it (fastdiff.engines.runtime_ov.fold_constant_statistics), instead of "
+            "numpy before OpenVINO compiles it (fastdiff.engines.nncf_folding.fold_constant_statistics), instead of "
             "by OpenVINO's constant folding during the compile.",
             "- step_s: median of round-robin repetitions with eager in the same process (vs_eager = eager/step). "
             "The 2 cores were shared with other, unlocked jobs (load_1min 3-7): vs_eager is distorted (eager, "

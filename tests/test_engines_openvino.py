@@ -27,6 +27,7 @@ from fastdiff.engines import (  # noqa: E402
     QuantConfig,
     RuntimeConfig,
     compile_engine,
+    nncf_folding,  # noqa: E402
     runtime_ov,  # noqa: E402
 )
 from fastdiff.engines import export as export_mod  # noqa: E402
@@ -369,7 +370,7 @@ def test_fold_constant_statistics_replaces_weight_reductions_only():
     feed = {"x": np.random.default_rng(1).standard_normal((1, 4, 5, 5)).astype(np.float32)}
     config = {"INFERENCE_PRECISION_HINT": "f32"}
     before = ov.Core().compile_model(model, "CPU", config)(feed)
-    assert runtime_ov.fold_constant_statistics(model) == 2
+    assert nncf_folding.fold_constant_statistics(model) == 2
     kinds = [op.get_type_name() for op in model.get_ops()]
     assert kinds.count("ReduceMax") == 1 and "ReduceMin" not in kinds and "ReduceMean" in kinds
     assert [set(o.get_names()) for o in model.outputs][1:4] == [{"stat0"}, {"stat1"}, {"stat2"}]
@@ -385,9 +386,9 @@ def test_folded_statistics_give_nncf_the_same_ranges(pipe, calib, tmp_path, monk
     import numpy as np
 
     folded = []
-    real = runtime_ov.fold_constant_statistics
+    real = nncf_folding.fold_constant_statistics
     monkeypatch.setattr(
-        runtime_ov, "fold_constant_statistics", lambda m: folded.append(real(m)) or folded[-1]
+        nncf_folding, "fold_constant_statistics", lambda m: folded.append(real(m)) or folded[-1]
     )
     model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
     fit = calib.split(4)[0].subset(2)

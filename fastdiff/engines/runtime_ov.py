@@ -19,7 +19,6 @@ with the number of records when the records themselves stream from disk
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from .._compat import MissingDependencyError, is_available
+from .nncf_folding import folding_statistics
 from .runtime_common import check_threads, numpy_feed
 
 ARTIFACT = "engine.xml"
@@ -141,93 +141,6 @@ def static_for_calibration(model, shapes: Mapping[str, Sequence[int]]) -> dict:
     return original
 
 
-_REDUCTIONS = {"ReduceMax": np.max, "ReduceMin": np.min, "ReduceMean": np.mean}
-
-
-def _constant_value(output) -> np.ndarray | None:
-    """The value of ``output`` when it is a Constant, possibly through Abs or an f32 Convert; else None."""
-    node = output.get_node()
-    kind = node.get_type_name()
-    if kind == "Constant":
-        return node.get_data()
-    if kind not in ("Abs", "Convert") or str(node.get_output_element_type(0)) not in (
-        "f32",
-        "<Type: 'float32'>",
-    ):
-        return None
-    value = _constant_value(node.input_value(0))
-    if value is None:
-        return None
-    return np.abs(value) if kind == "Abs" else value.astype(np.float32)
-
-
-def fold_constant_statistics(model) -> int:
-    """Compute, with numpy, the reductions of constants that feed only the model's outputs; returns how many.
-
-    NNCF's min-max statistics model reduces every quantised layer's weights inside the model
-    (ReduceMax of Abs of the weight Constant, per output channel). Compiling it, OpenVINO's constant
-    folding evaluates those reductions with its reference kernels: over the full SD1.5 U-Net's 860 M
-    weights that was most of the statistics pass (benchmarks/results/engines-cpu-int8-build-256-avx512.md).
-    numpy gives the same min/max values (exactly; means in float64, then float32) in a fraction of the
-    time. Only reductions whose every consumer is a Result are replaced, so the graph's computation is
-    unchanged; the replacement keeps the output's tensor names (NNCF reads its statistics by them).
-    """
-    ov = require_openvino()
-    folded = 0
-    for op in model.get_ordered_ops():
-        reduce = _REDUCTIONS.get(op.get_type_name())
-        if reduce is None or op.get_output_size() != 1:
-            continue
-        if not all(t.get_node().get_type_name() == "Result" for t in op.output(0).get_target_inputs()):
-            continue
-        axes_node = op.input_value(1).get_node()
-        value = _constant_value(op.input_value(0))
-        if value is None or axes_node.get_type_name() != "Constant":
-            continue
-        axes = tuple(sorted({int(a) % max(value.ndim, 1) for a in np.atleast_1d(axes_node.get_data())}))
-        keep = bool(op.get_attributes().get("keep_dims", False))
-        if reduce is np.mean:
-            result = value.mean(axis=axes, keepdims=keep, dtype=np.float64)
-        else:
-            result = reduce(value, axis=axes, keepdims=keep)
-        result = np.ascontiguousarray(result, dtype=value.dtype)
-        if tuple(result.shape) != tuple(op.get_output_partial_shape(0).to_shape()):
-            continue  # an axes form this does not reproduce: leave it to OpenVINO
-        const = ov.op.Constant(result)
-        const.set_friendly_name(op.get_friendly_name())
-        const.output(0).get_tensor().set_names(op.output(0).get_names())
-        op.output(0).replace(const.output(0))
-        folded += 1
-    return folded
-
-
-@contextlib.contextmanager
-def folding_statistics(enabled: bool = True):
-    """While NNCF runs, fold its statistics models' constant reductions (:func:`fold_constant_statistics`)
-    before it compiles them. Wraps ``nncf.openvino.engine.OVNativeEngine`` (not thread-safe; a no-op
-    where that class is missing: another NNCF version then compiles as before)."""
-    try:
-        from nncf.openvino import engine as nncf_engine
-
-        cls = nncf_engine.OVNativeEngine
-        real = cls.__init__
-    except (ImportError, AttributeError):
-        enabled = False
-    if not enabled:
-        yield
-        return
-
-    def init(self, model, *args, **kwargs):
-        fold_constant_statistics(model)
-        real(self, model, *args, **kwargs)
-
-    cls.__init__ = init
-    try:
-        yield
-    finally:
-        cls.__init__ = real
-
-
 def quantize(
     model,
     calibration: Iterable[Mapping[str, torch.Tensor]],
@@ -258,7 +171,7 @@ def quantize(
             statistics model (``True``, its default) or returns the raw tensors and reduces them in numpy.
         fold_statistics: compute the statistics of constants (the weights' ranges) with numpy instead
             of OpenVINO's constant folding while compiling NNCF's statistics models
-            (:func:`fold_constant_statistics`); the ranges are the same.
+            (:func:`fastdiff.engines.nncf_folding.fold_constant_statistics`); the ranges are the same.
         progress: NNCF's own progress bars (fastdiff shows a bar per statistics pass either way).
         static: when every record has the same input shapes, calibrate a copy reshaped to them
             (:func:`static_for_calibration`) and give the quantised model back its dynamic axes.
