@@ -143,6 +143,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     ),
     "fastdiff/engines/runtime_ov.py": ("OpenVINO backend", False, "768da46", "OpenVINO backend (#14)"),
     "fastdiff/engines/openvino_build.py": ("OpenVINO backend", False, "1615d4e", "OpenVINO build (#14)"),
+    "fastdiff/engines/nncf_folding.py": (
+        "OpenVINO backend",
+        False,
+        "e7e8b5d",
+        "NNCF statistics folding, out of runtime_ov (#14)",
+    ),
     "fastdiff/engines/cpu.py": (
         "CPU int8 without VNNI",
         False,
