@@ -700,6 +700,10 @@ def test_configs_normalise_and_old_keywords_are_gone(pipe):
 
     assert QuantConfig(exclude="conv_in").exclude == ("conv_in",)
     assert ExportConfig(dynamic="batch").dynamic == ("batch",)
+    with pytest.raises(
+        ValueError, match=r"bias_correction must be one of \['fast', 'full', 'none'\], got 'slow'"
+    ):
+        QuantConfig(bias_correction="slow")
     with pytest.raises(TypeError, match="min_snr_db"):
         compile_engine(pipe, min_snr_db=10)  # settings live in GateConfig / QuantConfig / ...
 

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from .quantization import DEFAULT_EXCLUDE
+from .runtime_ov import BIAS_CORRECTIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +40,10 @@ class QuantConfig:
     min_group_snr_db: float = 30.0
 
     def __post_init__(self):
-        if self.bias_correction not in ("fast", "full", "none"):
+        if self.bias_correction not in BIAS_CORRECTIONS:
             raise ValueError(
-                f"QuantConfig.bias_correction must be 'fast', 'full' or 'none', got {self.bias_correction!r}"
+                f"QuantConfig.bias_correction must be one of {list(BIAS_CORRECTIONS)}, "
+                f"got {self.bias_correction!r}"
             )
         if isinstance(self.exclude, str):
             object.__setattr__(self, "exclude", (self.exclude,))
