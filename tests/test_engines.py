@@ -508,6 +508,39 @@ def test_int8_engine_quality_gate(pipe, calib, tmp_path):
         fastdiff_restore(pipe)
 
 
+@pytest.mark.parametrize("explicit_quality_inputs", [False, True])
+def test_int8_calibrates_on_every_record_when_quality_inputs_are_given(
+    pipe, calib, tmp_path, monkeypatch, explicit_quality_inputs
+):
+    """Regression: with explicit quality_inputs, every 4th calibration record was still held back,
+    and then neither calibrated on nor judged (25 of 33 records calibrated at 512^2, issue #14)."""
+    from fastdiff.engines import compile as compile_mod
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def spy(unet, entry, backend, precision, calib_part, *rest):
+        seen["records"] = calib_part.records
+        raise Stop
+
+    monkeypatch.setattr(compile_mod, "build", spy)
+    held_out = calib.subset(2)
+    with pytest.raises(Stop):
+        compile_engine(
+            pipe.unet,
+            precision="int8",
+            calibration=calib,
+            quality_inputs=held_out if explicit_quality_inputs else None,
+            cache_dir=tmp_path,
+            install=False,
+        )
+    expected = calib.records if explicit_quality_inputs else calib.split(4)[0].records
+    assert len(seen["records"]) == (len(calib) if explicit_quality_inputs else len(calib) - len(calib) // 4)
+    assert all(a is b for a, b in zip(seen["records"], expected, strict=True))
+
+
 def fastdiff_restore(pipe):
     from fastdiff import installed
 

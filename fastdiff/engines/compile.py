@@ -146,15 +146,10 @@ def compile_engine(
     export, runtime = export or ExportConfig(), runtime or RuntimeConfig()
     sequence_length = export.sequence_length
 
-    calib_part = None
-    if precision in QUANTISED:
-        calib_part, held = (
-            calibration.split(quant.holdout_every) if len(calibration) >= 2 else (calibration, calibration)
-        )
-    else:
-        held = calibration
-    if quality_inputs is not None:
-        held = quality_inputs
+    held = calibration if quality_inputs is None else quality_inputs
+    calib_part = calibration if precision in QUANTISED else None
+    if calib_part is not None and quality_inputs is None and len(calibration) >= 2:  # hold back to judge
+        calib_part, held = calibration.split(quant.holdout_every)
     if sequence_length is None:
         records = (calibration or quality_inputs or CalibrationData([])).records
         if records:
