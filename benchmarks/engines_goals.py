@@ -280,21 +280,43 @@ def goals(not_run: dict) -> list[dict]:
     stages = [m for m in mem if m.get("records") == 32 and m.get("side_px") == 512 and "peak_rss_gb" in m]
     current = [m for m in stages if m.get("mapped_weights")]  # this round's code path (#14 fixes)
     judged = current or stages
+    # Whole compile_engine int8 builds (defaults) at 512^2: the benchmark process's peak. Fewer than 32
+    # records can show the goal missed (NNCF's memory does not shrink with more records), not met.
+    whole = [r for r in rows[512] if r["variant"] == "ov-int8" and r.get("quantize_records")]
+    if all(r["quantize_records"] < 32 for r in whole) and all(r["peak_rss_gb"] < 8 for r in whole):
+        whole = []
     out.append(
         {
             "goal": "peak memory < 8 GB for int8 calibration + quantisation at 512^2 with 32 records",
             "status": (
+                ("met" if all(r["peak_rss_gb"] < 8 for r in whole) else "not met")
+                + " for a whole default int8 build; stage alone: "
+                if whole
+                else ""
+            )
+            + (
                 "not measured"
                 if not judged
                 # the stage alone, SmoothQuant off, like the earlier row; not a whole compile_engine call,
                 # which also holds the PyTorch U-Net (see the notes)
+                else "met (SmoothQuant off)"
+                if whole
                 else "met for the stage alone (SmoothQuant off; a whole compile_engine int8 build not measured)"
                 if all(m["peak_rss_gb"] < 8 and m.get("finished", True) for m in judged)
                 else "not met"
                 if any(m["peak_rss_gb"] >= 8 for m in judged)
                 else "not measured (unfinished run below 8 GB so far)"
             ),
-            "evidence": "; ".join(
+            "evidence": "".join(
+                f"whole build ({_sd15_name(512)} run {r['run']}, {r['quantize_records']} records, "
+                "compile_engine defaults: PyTorch U-Net in "
+                f"the process, direct conversion, smooth_quant={r.get('smooth_quant')}, bias_correction="
+                f"{r.get('bias_correction')}): {r['peak_rss_gb']} GB peak over the build, first call and "
+                f"quality check; {r.get('quantize_peak_rss_gb')} GB peak in the NNCF call; build {r['build_s']} s; "
+                for r in whole
+            )
+            + "stage alone: "
+            + "; ".join(
                 ("before: " if m not in current and current else "")
                 + (
                     f"{m['peak_rss_gb']} GB peak (anon {m.get('peak_anon_gb')}, mapped file "
@@ -332,7 +354,10 @@ NOT_RUN = {
     "ending 16:05 UTC) went to the 256^2 rows, the fastdiff-tiny end-to-end run and the 512^2 bf16 rows; an int8 build at 512^2 "
     "(export, ONNX Runtime sensitivity or NNCF passes) does not fit one 15-minute slot. A later ov-plain-fp32 run "
     "(2026-12-04 18:16 UTC) was cut before any row: recording the 512^2 calibration records took 195 s per batch "
-    "(of 4) with other jobs on the CPU (load 3.6-4), so the records alone would have filled the slot",
+    "(of 4) with other jobs on the CPU (load 3.6-4), so the records alone would have filled the slot. "
+    "2026-12-05: the session lost two of its three hours to an outage before the benchmark started; the hour "
+    "left went to the ov-int8 row (a whole default build, for the memory goal), plain OpenVINO f32 and "
+    "torch.compile; ONNX Runtime fp32/int8 and mixed were not run",
 }
 
 
@@ -356,12 +381,13 @@ def main():
             "and are quoted as 'earlier machine'."
         )
         + "\n- Cached rebuild and memory goals: engines-cpu-memory.json was measured on the AVX2-only machine "
-        "(memory and cache reads do not depend on VNNI/bf16); not re-measured on the AVX-512 machine."
+        "(memory and cache reads do not depend on VNNI/bf16); not re-measured on the AVX-512 machine, except a whole default int8 build at 512^2 (engines-cpu-sd15-512-avx512 run 3)."
         + "\n- Cached rebuild (cache format 2): the 512^2 fp32 entry was filled by `engines_memory.py adopt` from "
         "the format-1 entry built at 15:26 UTC by the same export code (identical artifacts copied; key, "
         "meta.json and checksums written by compile_engine itself) instead of a 10-minute export on the shared "
         "machine. The measured rebuild itself is unmodified compile_engine in a fresh process."
-        + "\n- Memory goal: judged on the stage alone (fp32 IR read memory-mapped, NNCF on 32 records streamed "
+        + "\n- Memory goal: judged on a whole default int8 build at 512^2 (compile_engine in the benchmark process) and, "
+        "apart, on the stage alone (fp32 IR read memory-mapped, NNCF on 32 records streamed "
         "from disk, int8 IR written), like the earlier row, and like it with SmoothQuant off. A whole "
         "compile_engine int8 build also holds the PyTorch U-Net (3.4 GB) and runs the export in the same "
         "process: neither was measured at 512^2; compile_engine's int8 default runs SmoothQuant (one more statistics "
@@ -369,10 +395,11 @@ def main():
         "stage run also predates the folding of NNCF's weight statistics (same ranges, less compile time). "
         f"Since {PYTORCH_ROUTE} int8 converts the PyTorch U-Net directly by default (NNCF then works on weights "
         "shared with the U-Net, not on a memory-mapped IR whose pages are given back): the 512^2 memory figure "
-        "is for the IR route, which ExportConfig(openvino_source='onnx') keeps; the direct route's memory at "
-        "512^2 was not measured (at 256^2 with SmoothQuant off both routes peak at 7.8-8.0 GB in the NNCF call, "
-        "engines-cpu-int8-build-256-avx512; with SmoothQuant on, the default, 9.92 GB: engines-cpu-sd15-256-avx512 "
-        "run 9, so the default build is not shown to fit 8 GB at either size). "
+        "is for the IR route, which ExportConfig(openvino_source='onnx') keeps; the direct route's whole "
+        "default build at 512^2 (engines-cpu-sd15-512-avx512 run 3: SmoothQuant on, 25 records) peaks at 11.2 GB "
+        "(kernel high-water mark 11.76 GB), 7.2 GB above the 4.0 GB the process held before NNCF: **not met** for "
+        "the default build (at 256^2 with SmoothQuant off both routes peak at 7.8-8.0 GB in the NNCF call, "
+        "engines-cpu-int8-build-256-avx512; with SmoothQuant on 9.9 GB: engines-cpu-sd15-256-avx512 runs 9-10). "
         "The quantised result is unchanged by the fix: "
         "static vs dynamic calibration of the full U-Net at 256^2 (4 records) gives the same FakeQuantize ranges "
         "to 3e-6 of their width (compare row in engines-cpu-memory.md). No SNR exists for the earlier 512^2 "
