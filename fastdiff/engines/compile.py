@@ -79,7 +79,7 @@ def compile_engine(
         quant: :class:`QuantConfig` (int8/mixed: level, calibration method, exclusions, hold-out).
         gate: :class:`GateConfig` (min_snr_db=20 dB, min_cosine, force).
         export: :class:`ExportConfig` (opset, dynamic axes, tracing shape, text length).
-        runtime: :class:`RuntimeConfig` (threads, OpenVINO static shapes, TensorRT profile).
+        runtime: :class:`RuntimeConfig` (threads, OpenVINO static shapes and inference hint, TensorRT profile).
         quality_inputs: explicit inputs for the quality check (else held-back calibration records,
             else random inputs over the timestep range).
         use_cache: reuse/store engines in the cache; ``False`` builds in a temporary directory.
@@ -90,9 +90,11 @@ def compile_engine(
 
     OpenVINO precisions: "fp32", "bf16" (native only with AVX512-BF16/AMX), "int8" (NNCF on the
     calibration records), "mixed" (int8 minus the sensitive groups, which run at bf16 where the
-    CPU has it, else fp32) and "auto": the first of mixed (if calibration is given), bf16 (if
-    native here) and fp32 that passes the quality gate. ``engine.build_info["high_precision_layers"]``
-    lists the weighted layers left unquantised.
+    CPU has it, else fp32) and "auto": the first of int8 (if calibration is given), bf16 (if native
+    here; else mixed, if calibration is given) and fp32 that passes the quality gate (fastest first,
+    as measured: :func:`fastdiff.engines.openvino_build.auto_candidates`). int8 and mixed run their
+    unquantised layers at the bf16 hint where native (``engine.build_info["hint"]``).
+    ``engine.build_info["high_precision_layers"]`` lists the weighted layers left unquantised.
 
     Returns the ``EngineUNet``; its ``quality`` dict holds the measured agreement.
 
@@ -206,7 +208,6 @@ def compile_engine(
         }
         parts["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     key = make_key(parts)
-    quality_key = held.fingerprint()
 
     cache = EngineCache(cache_dir)
     meta = cache.lookup(key, parts, verify) if use_cache else None
@@ -250,10 +251,9 @@ def compile_engine(
                 artifact, device=unet.device if unet.device.type == "cuda" else "cuda"
             )
         elif backend == "openvino":
-            hint = runtime_ov.HINTS[precision] or runtime_ov.default_hint()  # mixed: bf16 where native
             runner = runtime_ov.OvRunner(
                 artifact,
-                hint=hint,
+                hint=runtime.hint or runtime_ov.hint_for(precision),
                 static=runtime.static,
                 threads=runtime.threads,
                 blob_cache=cache.root / "openvino-blobs" if use_cache else None,
@@ -269,6 +269,9 @@ def compile_engine(
             shutil.rmtree(tmp_root, ignore_errors=True)
     if tmp_root is not None:
         artifact = None
+    # The stored result holds for these inputs run at this inference hint (an OpenVINO int8/mixed
+    # engine's hint follows the CPU: a cache folder may move to a machine without native bf16).
+    quality_key = held.fingerprint() + (f"|hint={runner.hint}" if backend == "openvino" else "")
     stored = (meta or {}).get("quality", {})
     if cache_hit and stored.get("inputs") == quality_key:
         quality = dict(stored["result"])
@@ -287,6 +290,8 @@ def compile_engine(
         " [cache hit]" if cache_hit else "",
     )
     build_info = {"key": key, "entry": str(entry), "level": quant.level if precision == "int8" else None}
+    if backend == "openvino":
+        build_info["hint"] = runner.hint
     build_info.update(layers_info)
     engine = EngineUNet(
         runner,

@@ -103,11 +103,14 @@ class ExportConfig:
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
     """How the engine runs. threads: CPU intra-op threads (default all). static: OpenVINO compiles
-    per input shape instead of once with dynamic axes. trt_batch, trt_image_px: TensorRT profile
-    (prompts, pixels) as (min, opt, max)."""
+    per input shape instead of once with dynamic axes. hint: OpenVINO's inference precision for the
+    layers the engine does not quantise, "f32" or "bf16"; None (default): by precision, bf16 for int8
+    and mixed only where the CPU runs it natively (:func:`fastdiff.engines.runtime_ov.hint_for`).
+    trt_batch, trt_image_px: TensorRT profile (prompts, pixels) as (min, opt, max)."""
 
     threads: int | None = None
     static: bool = True
+    hint: str | None = None
     trt_batch: tuple[int, int, int] = (1, 1, 8)
     trt_image_px: tuple[int, int, int] = (256, 512, 1024)
 
@@ -115,3 +118,7 @@ class RuntimeConfig:
         from .runtime_common import check_threads
 
         check_threads(self.threads)  # before any export or build: a bad count fails in seconds, not minutes
+        if self.hint not in (None, "f32", "bf16"):
+            raise ValueError(
+                f"RuntimeConfig.hint must be 'f32', 'bf16' or None (by precision), got {self.hint!r}"
+            )
