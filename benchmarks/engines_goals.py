@@ -67,11 +67,17 @@ def _earlier_builds() -> str:
     return "".join(f"; earlier machine (AVX2 only, engines-cpu-sd15-256): {_build_fmt(r)}" for r in q)
 
 
-TINY_RERUN = "-bf16"  # engines-tiny-e2e-avx512-bf16: eager + ov-bf16 rerun after the blob-cache fix
+# Reruns of the judged AVX-512 file's rows, oldest first (each with its own eager row); a later one's rows
+# replace the earlier figures of the same variant.
+TINY_RERUNS = {
+    "-bf16": "after the fix of 2adca0b (the replaced ov-bf16 was built after ov-fp32 in one OpenVINO blob cache: "
+    "the bug that commit fixed)",
+    "-int8-bf16hint": "with int8's bf16 hint (the default since 2026-12-05), eager, bf16 and int8 in one process",
+}
 
 
-def _tiny_rerun(tiny_name):
-    data = _load(tiny_name + TINY_RERUN) if tiny_name.endswith(AVX512) else None
+def _tiny_rerun(tiny_name, suffix):
+    data = _load(tiny_name + suffix) if tiny_name.endswith(AVX512) else None
     ok = data and any(r["variant"] == "eager" and r.get("n") == 144 for r in data["rows"])
     return data if ok else None
 
@@ -84,6 +90,19 @@ def _earlier_tiny(tiny_name) -> str:
     base = next(r for r in old["rows"] if r["variant"] == "eager")
     return "; earlier machine (AVX2 only, engines-tiny-e2e): " + ", ".join(
         f"{r['variant']} {100 * (r['all'] - base['all']):+.1f}" for r in old["rows"] if r is not base
+    )
+
+
+def _hint_pair(side) -> str:
+    data = _load(f"engines-cpu-int8-hint-sd15-full-{side}")
+    if not data:
+        return ""
+    rows = {r["variant"]: r for r in data["rows"]}
+    f32, bf16 = rows.get("int8, f32 hint"), rows.get("int8, bf16 hint")
+    return (
+        f"at {side}^2 f32 {f32['vs_eager']}x at {f32['snr_db']} dB, bf16 {bf16['vs_eager']}x at {bf16['snr_db']} dB"
+        if f32 and bf16
+        else ""
     )
 
 
@@ -166,20 +185,23 @@ def goals(not_run: dict) -> list[dict]:
         diffs = {
             r["variant"]: round(100 * (r["all"] - base["all"]), 1) for r in tiny["rows"] if r is not base
         }
-        rerun, superseded = _tiny_rerun(tiny_name), ""
-        if rerun:
-            # Rows rerun after a fix replace the judged file's rows of the same variant (points against the
-            # rerun's own eager row); the replaced figures stay in the evidence.
+        superseded = ""
+        for suffix, why in TINY_RERUNS.items():
+            rerun = _tiny_rerun(tiny_name, suffix)
+            if not rerun:
+                continue
+            # A rerun's rows replace the earlier rows of the same variant (points against the rerun's own
+            # eager row); the replaced figures stay in the evidence.
             rbase = next(r for r in rerun["rows"] if r["variant"] == "eager")
+            replaced = []
             for r in rerun["rows"]:
                 if r is not rbase:
                     was = diffs.get(r["variant"])
-                    superseded += f", {r['variant']} {'none' if was is None else f'{was:+.1f}'}"
+                    replaced.append(f"{r['variant']} {'none' if was is None else f'{was:+.1f}'}")
                     diffs[r["variant"]] = round(100 * (r["all"] - rbase["all"]), 1)
-            superseded = (
-                f"; rerun after the fix of 2adca0b ({tiny_name}{TINY_RERUN}, eager 'all' {rbase['all']:.3f}) "
-                f"replaces the judged file's{superseded.lstrip(',')} (built after ov-fp32 in one OpenVINO blob cache: the "
-                "bug that commit fixed)"
+            superseded += (
+                f"; rerun {why} ({tiny_name}{suffix}, eager 'all' {rbase['all']:.3f}) replaces "
+                f"{', '.join(replaced)}"
             )
         out.append(
             {
@@ -430,7 +452,9 @@ def main():
                 _sd15_name(512),
                 "engines-cpu-memory",
                 _current("engines-tiny-e2e"),
-                _current("engines-tiny-e2e") + TINY_RERUN,
+                *(_current("engines-tiny-e2e") + suffix for suffix in TINY_RERUNS),
+                "engines-cpu-int8-hint-sd15-full-256",
+                "engines-cpu-int8-hint-sd15-full-512",
             )
             if _load(n)
         )
@@ -438,7 +462,11 @@ def main():
         "differ). The ov-bf16 row of engines-tiny-e2e-avx512 (2.95 dB per step, 'all' 0.049) was a fastdiff bug, "
         "not bf16: it was compiled after ov-fp32 (the same IR) through one shared OpenVINO blob cache; fixed in "
         "2adca0b (one blob folder per hint) and rerun in engines-tiny-e2e-avx512-bf16 (45.6 dB, +0.7 points). "
-        "That run's ov-mixed row was compiled after ov-int8 in the same cache and was not rerun."
+        "That run's ov-mixed row was compiled after ov-int8 in the same cache and was not rerun. "
+        "Since 2026-12-05 int8 engines run their unquantised layers at the bf16 hint where native (run 11 at "
+        "256^2); one int8 IR compiled both ways (engines-cpu-int8-hint-sd15-full-*): "
+        + "; ".join(_hint_pair(side) for side in (256, 512) if _hint_pair(side))
+        + "."
     )
     write_results("engines-cpu-goals", rows, meta, ["goal", "status", "evidence"], notes=notes)
     for r in rows:

@@ -139,6 +139,8 @@ def main(argv=None):
                 build_s = time.perf_counter() - t0
                 quality = {"snr_db": round(engine.quality["snr_db"], 2)}
                 info = {"high_precision_layers": len(engine.build_info.get("high_precision_layers", []))}
+                if "hint" in engine.build_info:  # OpenVINO: the precision its unquantised layers ran at
+                    info["hint"] = engine.build_info["hint"]
             t0 = time.perf_counter()
             images = _generate(pipe, prompts, seeds, STEPS)
             secs = time.perf_counter() - t0
@@ -202,6 +204,8 @@ def main(argv=None):
         "n",
         "peak_rss_gb",
     ]
+    if any("hint" in r for r in rows):
+        cols.insert(cols.index("build_s"), "hint")
     paths = write_results(args.name, rows, meta, cols, notes="\n".join(notes))
     log("wrote", *paths)
 
