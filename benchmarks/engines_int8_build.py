@@ -80,7 +80,7 @@ def shared_stages(unet, work: Path, sequence_length: int, fresh: bool, timeline:
     from fastdiff.engines import export as _export
     from fastdiff.engines import runtime_ov
     from fastdiff.engines.config import ExportConfig
-    from fastdiff.engines.openvino_build import trace_shape
+    from fastdiff.engines.export import trace_shape
     from fastdiff.unet_inputs import unet_signature
 
     folder = work / "int8-build"

@@ -547,6 +547,20 @@ def fastdiff_restore(pipe):
     assert installed.undo_all(pipe, "engine") >= 1
 
 
+def test_onnx_runtime_export_traces_at_the_smallest_latent(pipe, monkeypatch, tmp_path):
+    """Every spatial axis is dynamic, so the trace runs at the smallest latent each level divides, as
+    for OpenVINO; the engine still matches eager at other shapes (test_engine_matches_eager_on_random_shapes)."""
+    shapes = []
+    real = export_mod.export_onnx
+    monkeypatch.setattr(
+        export_mod, "export_onnx", lambda *a, **k: shapes.append(k.get("sample_shape")) or real(*a, **k)
+    )
+    compile_engine(pipe.unet, precision="fp32", cache_dir=tmp_path, install=False)
+    sig = unet_signature(pipe.unet)
+    side = 2 ** (sig.num_levels - 1)
+    assert side < sig.sample_size and shapes == [(2, sig.in_channels, side, side)]
+
+
 def test_no_cache_build_leaves_no_temporary_folder(pipe, monkeypatch):
     """Regression: use_cache=False built in a mkdtemp folder holding the whole model and never removed it."""
     import tempfile

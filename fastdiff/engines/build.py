@@ -39,7 +39,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
 
     direct = False
     if backend == "openvino":
-        from .openvino_build import openvino_source, trace_shape
+        from .openvino_build import openvino_source
 
         direct = openvino_source(precision, spec.export) == "pytorch"
     stages = ["convert" if direct else "export", *(["quantise"] if precision in QUANTISED else []), "build"]
@@ -65,8 +65,9 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
             tmp / "unet.onnx",
             opset=spec.export.opset,
             dynamic=spec.export.dynamic,
-            sample_shape=trace_shape(signature, spec.export)
-            if backend == "openvino"
+            # TensorRT keeps the config's size: its export was never run on a GPU with another one.
+            sample_shape=_export.trace_shape(signature, spec.export)
+            if backend in ("openvino", "onnxruntime")
             else spec.export.sample_shape,
             sequence_length=spec.export.sequence_length,
             dtype=onnx_dtype,

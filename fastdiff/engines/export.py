@@ -75,6 +75,22 @@ def parameter_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
+def trace_shape(signature, export) -> tuple[int, int, int, int]:
+    """(batch, C, H, W) to trace at for an OpenVINO or ONNX Runtime build: ``export.sample_shape``,
+    else, when batch, height and width all stay dynamic, the smallest latent every level divides
+    (2^(levels-1)): the traced graph is the same and the tracing forward pass sees 1/64 of the pixels
+    of SD1.5's 64x64 (3.5 s instead of 12.9 s, though the whole ONNX export took about 50 s either way:
+    benchmarks/results/engines-cpu-build-profile-ort-int8*.md); else the config's size (the frozen axes
+    take it, as in the ONNX export)."""
+    if export.sample_shape is not None:
+        return tuple(int(s) for s in export.sample_shape)
+    if {"batch", "height", "width"} <= set(export.dynamic):
+        side = 2 ** max(signature.num_levels - 1, 0)
+    else:
+        side = signature.sample_size
+    return (2, signature.in_channels, side, side)
+
+
 def export_onnx(
     unet: nn.Module,
     path: str | os.PathLike,

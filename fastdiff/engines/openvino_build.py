@@ -11,7 +11,7 @@ frontend's graph about 1 dB worse than the ONNX one; with bias correction off bo
 benchmarks/results/engines-cpu-int8-build-256-avx512.md, engines-tiny-int8-build-avx512.md), and
 skipping the export saves 50-100 s of the build at 256^2. mixed takes the ONNX export (see
 ``ExportConfig.openvino_source``). Either way the graph is traced at a small latent when every
-spatial axis stays dynamic (:func:`trace_shape`).
+spatial axis stays dynamic (:func:`fastdiff.engines.export.trace_shape`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from . import runtime_ov
-from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes
+from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape
 from .mapped import weight_files
 from .quality import QualityGateError
 from .quantization import classify_nodes
@@ -44,20 +44,6 @@ def openvino_source(precision: str, export) -> str:
     if export.openvino_source is not None:
         return export.openvino_source
     return "pytorch"
-
-
-def trace_shape(signature, export) -> tuple[int, int, int, int]:
-    """(batch, C, H, W) to trace at: ``export.sample_shape``, else, when batch, height and width all
-    stay dynamic, the smallest latent every level divides (2^(levels-1)): the traced graph is the
-    same and the tracing forward pass sees 1/64 of the pixels of SD1.5's 64x64; else the config's size
-    (the frozen axes take it, as in the ONNX export)."""
-    if export.sample_shape is not None:
-        return tuple(int(s) for s in export.sample_shape)
-    if {"batch", "height", "width"} <= set(export.dynamic):
-        side = 2 ** max(signature.num_levels - 1, 0)
-    else:
-        side = signature.sample_size
-    return (2, signature.in_channels, side, side)
 
 
 def convert_pytorch(unet: torch.nn.Module, signature, export):
