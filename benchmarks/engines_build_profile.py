@@ -1,6 +1,6 @@
-"""Where an OpenVINO int8 ``compile_engine`` build spends its time, stage by stage (#14).
+"""Where an int8 ``compile_engine`` build (OpenVINO or ONNX Runtime) spends its time, stage by stage (#14).
 
-One ``compile_engine(unet, backend="openvino", precision="int8")`` build of the full-width
+One ``compile_engine(unet, backend=..., precision="int8")`` build of the full-width
 SD1.5-architecture U-Net (random weights) at 256^2, with the same records and options as the
 ``ov-int8`` row of ``benchmarks/engines.py --suite cpu`` (8 records of 2 prompts x 4 DDIM steps;
 every 4th held back; compile_engine splits the rest again). Every stage function is wrapped with a
@@ -66,6 +66,17 @@ TARGETS = (
     ("fastdiff.engines.compile", "measure_quality", "quality check"),
     ("fastdiff.engines.runtime_ov", "OvRunner.__call__", "engine step"),
     ("diffusers.models.unets.unet_2d_condition", "UNet2DConditionModel.forward", "PyTorch U-Net forward"),
+    # ONNX Runtime int8 (--backend onnxruntime)
+    ("fastdiff.engines.quantization", "quantize", "ORT quantize (total)"),
+    ("fastdiff.engines.quantization", "preprocess", "ORT quant_pre_process"),
+    ("fastdiff.engines.quantization", "select_nodes", "node selection"),
+    ("onnxruntime.quantization.quantize", "load_model_with_shape_infer", "ORT load + shape inference"),
+    ("onnxruntime.quantization.quantize", "create_calibrator", "ORT calibrator (augment + session)"),
+    ("onnxruntime.quantization.calibrate", "HistogramCalibrater.collect_data", "ORT calibration pass"),
+    ("onnxruntime.quantization.calibrate", "HistogramCalibrater.compute_data", "ORT ranges"),
+    ("onnxruntime.quantization.qdq_quantizer", "QDQQuantizer.quantize_model", "ORT Q/DQ insertion"),
+    ("onnxruntime.quantization.onnx_model", "ONNXModel.save_model_to_file", "ORT quantised model save"),
+    ("onnxruntime", "InferenceSession.__init__", "ORT session create"),
 )
 
 
@@ -142,6 +153,7 @@ def main(argv=None):
         help="ExportConfig.openvino_source: convert the U-Net directly, or through the ONNX export (before #14's fix)",
     )
     p.add_argument("--model", default="sd15-full", choices=["sd15-full", "sd15-half", "tiny"])
+    p.add_argument("--backend", default="openvino", choices=["openvino", "onnxruntime"])
     args = p.parse_args(argv)
 
     from engines import _prompts, make_pipeline
@@ -168,7 +180,7 @@ def main(argv=None):
     with PeakRSS() as mem:
         engine = compile_engine(
             pipe.unet,
-            backend="openvino",
+            backend=args.backend,
             precision="int8",
             calibration=fit,
             quality_inputs=held,
@@ -191,8 +203,9 @@ def main(argv=None):
             "model": args.model,
             "side_px": args.side,
             "records": {"calibrate": len(fit), "judge": len(held), "recorded_s": round(records_s, 1)},
-            "smooth_quant": args.smooth_quant == "on",
-            "openvino_source": args.source,
+            "backend": args.backend,
+            "smooth_quant": args.smooth_quant == "on" if args.backend == "openvino" else None,
+            "openvino_source": args.source if args.backend == "openvino" else None,
             "total_s": round(total_s, 1),
             "quality_check_s": round(quality_s, 1),
             "total_without_quality_check_s": round(total_s - quality_s, 1),
@@ -209,9 +222,10 @@ def main(argv=None):
     )
     notes = "\n".join(
         [
-            f"- One compile_engine(unet, backend='openvino', precision='int8') of {args.model} "
-            f"at {args.side}^2, {len(fit)} records given (compile_engine holds back every 4th), quality "
-            f"judged on {len(held)} held-back records; SmoothQuant {args.smooth_quant}.",
+            f"- One compile_engine(unet, backend='{args.backend}', precision='int8') of {args.model} "
+            f"at {args.side}^2, {len(fit)} records given, at most {args.records} calibrate, quality judged on "
+            f"{len(held)} held-back records"
+            + (f"; SmoothQuant {args.smooth_quant}." if args.backend == "openvino" else "."),
             f"- total {total_s:.1f} s = {total_s - quality_s:.1f} s build + {quality_s:.1f} s quality check "
             f"(first compile of the engine + engine and eager PyTorch on the held-back records); "
             f"SNR {engine.quality['snr_db']:.2f} dB (worst record {engine.quality['snr_db_min']:.2f}); "
