@@ -10,6 +10,7 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -707,6 +708,79 @@ def test_minmax_ranges_cover_every_record_in_any_order(onnx_path, calib, tmp_pat
     assert caches[0] == caches[1]
 
 
+@pytest.mark.parametrize(
+    ("method", "symmetric"), [("percentile", False), ("percentile", True), ("entropy", False)]
+)
+def test_grouped_histogram_calibration_gives_onnx_runtimes_ranges(
+    onnx_path, calib, tmp_path, monkeypatch, method, symmetric
+):
+    """fastdiff calibrates ORT's tensors a group at a time (bounded memory); the ranges must be the
+    ones ORT's own calibrator computes with every tensor in one session, record by record."""
+    import contextlib
+    import io
+
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    from fastdiff.engines import ort_calibration
+    from fastdiff.engines.quantization import _QUANTISABLE_OPS, _graph_input_names, preprocess
+
+    pre = preprocess(onnx_path, tmp_path / "pre.onnx")
+    records = list(calib.split(4)[0].subset(4).records)
+    names = _graph_input_names(pre)
+    kind = {"percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[method]
+    ort_calib = create_calibrator(
+        pre,
+        list(_QUANTISABLE_OPS),
+        augmented_model_path=str(tmp_path / "augmented.onnx"),
+        calibrate_method=kind,
+        extra_options={"symmetric": symmetric, "percentile": 99.999},
+    )
+    ort_calib.augment_graph()
+    ort_calib.create_inference_session()
+
+    class One:  # ORT's strided calibration: one record per collect_data call
+        def __init__(self, r):
+            self.left = [{n: r[n].numpy() for n in names}]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        for r in records:
+            ort_calib.collect_data(One(r))
+    expected = ort_calib.compute_data()
+
+    groups = []
+    real = ort_calibration.group_by_bytes
+    monkeypatch.setattr(ort_calibration, "group_by_bytes", lambda *a: groups.append(real(*a)) or groups[-1])
+    for memory_gb in (1e-6, 10.0):  # one tensor per group, then all in one
+        got = ort_calibration.histogram_ranges(
+            pre,
+            records,
+            names,
+            op_types=_QUANTISABLE_OPS,
+            method=method,
+            symmetric=symmetric,
+            memory_gb=memory_gb,
+        )
+        assert set(got.keys()) == set(expected.keys()) and len(expected.keys()) > 20
+        for name in expected.keys():
+            assert np.array_equal(
+                np.asarray(got[name].range_value), np.asarray(expected[name].range_value)
+            ), name
+    assert len(groups[0]) > len(expected.keys()) // 2 and len(groups[1]) == 1  # tiny tensors may share
+    with pytest.raises(ValueError, match="memory_gb must be positive"):
+        ort_calibration.histogram_ranges(pre, records, names, op_types=_QUANTISABLE_OPS, memory_gb=0)
+
+
+def test_calibration_groups_stay_within_the_budget():
+    from fastdiff.engines.ort_calibration import group_by_bytes
+
+    sizes = {"a": 4, "b": 4, "c": 9, "d": 1}
+    assert group_by_bytes(["a", "b", "c", "d", "e"], sizes, 8) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert group_by_bytes(["a", "b", "c", "d"], sizes, 100) == [["a", "b", "c", "d"]]
+
+
 # ---------------------------------------------------------------- TensorRT fixes (no TensorRT here: stand-ins)
 
 
@@ -751,6 +825,9 @@ def test_configs_normalise_and_old_keywords_are_gone(pipe):
         ValueError, match=r"bias_correction must be one of \['fast', 'full', 'none'\], got 'slow'"
     ):
         QuantConfig(bias_correction="slow")
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match=r"calibration_memory_gb must be a positive number"):
+            QuantConfig(calibration_memory_gb=bad)
     with pytest.raises(TypeError, match="min_snr_db"):
         compile_engine(pipe, min_snr_db=10)  # settings live in GateConfig / QuantConfig / ...
 

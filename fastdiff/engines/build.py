@@ -85,6 +85,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
                 exclude=spec.quant.exclude,
                 percentile=spec.quant.percentile,
                 max_calibration_records=spec.quant.max_calibration_records,
+                calibration_memory_gb=spec.quant.calibration_memory_gb,
                 activation_type="int8" if symmetric else "uint8",
                 out_path=tmp / "unet.int8.onnx",
             )

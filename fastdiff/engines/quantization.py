@@ -2,7 +2,7 @@
 
 The heavy lifting (activation calibration, inserting QuantizeLinear/DequantizeLinear
 pairs, per-channel weight scales) is ``onnxruntime.quantization.quantize_static``;
-this module decides *what* to quantise. (About 390 lines: the layer taxonomy, the node classifier and the
+this module decides *what* to quantise. (About 420 lines: the layer taxonomy, the node classifier and the
 Q/DQ summary must agree with each other, so they stay in one place.)
 
 Every weighted layer of the exported graph is classified from its node name
@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .calibration import CalibrationData
+from .ort_calibration import HISTOGRAM_METHODS, histogram_ranges
 
 LEVELS: dict[str, frozenset[str]] = {
     "conv": frozenset({"conv"}),
@@ -241,6 +242,7 @@ def quantize(
     calibration_cache: str | os.PathLike | None = None,
     nodes: Sequence[str] | None = None,
     quantize_outputs: bool = True,
+    calibration_memory_gb: float = 1.0,
 ) -> Path:
     """Write an INT8 Q/DQ copy of ``onnx_path`` calibrated on recorded U-Net inputs.
 
@@ -265,6 +267,9 @@ def quantize(
         quantize_outputs: also put Q/DQ on each quantised layer's output. ONNX Runtime's CPU
             kernels need it to fuse Conv into QLinearConv (without it a Conv runs in float on
             dequantised weights); leaving outputs float costs less accuracy.
+        calibration_memory_gb: percentile and entropy ranges are ORT's, computed a group of tensors
+            at a time so that about this many GB of one record's activations are alive at once
+            (:mod:`fastdiff.engines.ort_calibration`); min-max reduces in the graph and needs no groups.
 
     Returns the path of the quantised model.
     """
@@ -319,6 +324,27 @@ def quantize(
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
         reader = _Reader(calibration, _graph_input_names(pre), _graph_input_dtypes(pre))
+        if method in HISTOGRAM_METHODS and not (
+            calibration_cache is not None and Path(calibration_cache).is_file()
+        ):
+            # ORT's own calibrator would hold every calibrated tensor of a record at once (OOM at 512^2).
+            from onnxruntime.quantization.calibrate import save_tensors_data
+
+            ranges = histogram_ranges(
+                pre,
+                calibration.records,
+                _graph_input_names(pre),
+                op_types=list(_QUANTISABLE_OPS),
+                method=method,
+                symmetric=extra["CalibTensorRangeSymmetric"],
+                percentile=percentile,
+                memory_gb=calibration_memory_gb,
+                dtypes=_graph_input_dtypes(pre),
+            )
+            calibration_cache = (
+                Path(calibration_cache) if calibration_cache is not None else Path(tmp) / "ranges.json"
+            )
+            save_tensors_data(ranges, calibration_cache)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
                 quantize_static(

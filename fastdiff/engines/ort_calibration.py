@@ -1,0 +1,189 @@
+"""ONNX Runtime activation ranges in bounded memory: ORT's own histogram calibration, a group of tensors at a time.
+
+ONNX Runtime's calibrator adds every tensor it calibrates to the graph's outputs and runs the records
+through that one session, so one record's activations at every quantised layer are alive at once: the
+full SD1.5 U-Net at 512^2 passed 22.7 GB on its first record on a 24 GB machine and was killed
+(benchmarks/results/engines-cpu-goals.md). A tensor's histogram depends only on that tensor's values,
+record after record, so calibrating the tensors in groups whose outputs fit ``memory_gb``, feeding the
+records in the same order to every group, gives ORT's ranges exactly (tests/test_engines.py compares
+them) while one group's outputs are alive. Each group runs a pruned copy of the graph (the nodes its
+tensors need, in topological order, so early groups run a prefix) that references the model's weight
+file instead of copying it. ORT's ``HistogramCollector`` does the statistics; min-max calibration
+reduces inside the graph already and stays with ORT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+HISTOGRAM_METHODS = ("percentile", "entropy")
+
+
+def tensors_to_calibrate(model, op_types: Sequence[str]) -> list[str]:
+    """The tensors ORT's calibrator would calibrate in ``model`` (shape-inferred), in node order."""
+    from onnxruntime.quantization.calibrate import CalibraterBase
+
+    chosen, _ = CalibraterBase.select_tensors_to_calibrate(
+        SimpleNamespace(op_types_to_calibrate=op_types), model
+    )
+    ordered = dict.fromkeys(
+        n for node in model.graph.node for n in (*node.input, *node.output) if n in chosen
+    )
+    ordered.update(dict.fromkeys(sorted(chosen - set(ordered))))
+    return list(ordered)
+
+
+def tensor_bytes(model, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Bytes of every tensor whose shape ONNX infers once the graph inputs take ``input_shapes``."""
+    import onnx
+
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    del fixed.graph.value_info[:]
+    for inp in fixed.graph.input:
+        if inp.name in input_shapes:
+            dims = inp.type.tensor_type.shape.dim
+            for d, size in zip(dims, input_shapes[inp.name]):
+                d.Clear()
+                d.dim_value = int(size)
+    inferred = onnx.shape_inference.infer_shapes(fixed)
+    out = {}
+    for vi in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+        if dims and all(dims):
+            out[vi.name] = math.prod(dims) * (2 if t.elem_type == onnx.TensorProto.FLOAT16 else 4)
+    return out
+
+
+def group_by_bytes(names: Sequence[str], sizes: Mapping[str, int], budget: int) -> list[list[str]]:
+    """Consecutive groups of ``names`` whose summed sizes stay within ``budget`` (a tensor larger than
+    the budget gets a group of its own; an unknown size counts as the largest known one)."""
+    largest = max(sizes.values(), default=1)
+    groups, current, used = [], [], 0
+    for name in names:
+        size = sizes.get(name, largest)
+        if current and used + size > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    return groups + ([current] if current else [])
+
+
+def pruned_graph(model, outputs: Sequence[str]):
+    """Copy of ``model`` whose outputs are ``outputs``, keeping only the nodes and initializers they need."""
+    import onnx
+
+    graph = model.graph
+    needed = set(outputs)
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for n in graph.node
+        for a in n.attribute
+    ):
+        keep = list(graph.node)  # subgraphs read outer tensors implicitly: no pruning
+    else:
+        keep = []
+        for node in reversed(graph.node):
+            if needed.intersection(node.output):
+                keep.append(node)
+                needed.update(i for i in node.input if i)
+        keep.reverse()
+    value_infos = {vi.name: vi for vi in (*graph.value_info, *graph.input, *graph.output)}
+    used = {i for n in keep for i in n.input} | set(outputs)
+    new = onnx.helper.make_graph(
+        keep,
+        graph.name,
+        [i for i in graph.input if i.name in used],
+        [value_infos[n] for n in outputs],
+        initializer=[t for t in graph.initializer if t.name in used],
+    )
+    pruned = onnx.helper.make_model(new, opset_imports=model.opset_import, ir_version=model.ir_version)
+    return pruned
+
+
+def histogram_ranges(
+    model_path: str | Path,
+    records: Sequence[Mapping],
+    input_names: Sequence[str],
+    *,
+    op_types: Sequence[str],
+    method: str = "percentile",
+    symmetric: bool = False,
+    percentile: float = 99.999,
+    memory_gb: float = 1.0,
+    dtypes: Mapping[str, str] | None = None,
+):
+    """ORT's ``TensorsData`` for ``method`` ("percentile" or "entropy") over ``records``, as
+    ``quantize_static`` would compute it with ``CalibStridedMinMax=1``, holding at most about
+    ``memory_gb`` of calibrated activations per record at a time.
+
+    ``model_path`` must keep its weights in an external-data file beside it or inline (the pruned
+    graphs are written next to it and reference that file).
+    """
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, TensorsData
+    from tqdm.auto import tqdm
+
+    if method not in HISTOGRAM_METHODS:
+        raise ValueError(f"histogram_ranges computes {list(HISTOGRAM_METHODS)}, got {method!r}")
+    if not memory_gb > 0:
+        raise ValueError(f"memory_gb must be positive, got {memory_gb!r}")
+    if not records:
+        raise ValueError("histogram_ranges needs at least one record")
+    model_path = Path(model_path)
+    dtypes = dict(dtypes or {})
+    with tempfile.TemporaryDirectory(prefix="fastdiff-ort-calib-", dir=model_path.parent) as tmp:
+        inferred_path = Path(tmp) / "inferred.onnx"
+        onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred_path))  # as ORT's calibrator
+        model = onnx.load(str(inferred_path), load_external_data=False)
+    names = tensors_to_calibrate(model, op_types)
+    first = records[0]
+    sizes = tensor_bytes(model, {n: tuple(first[n].shape) for n in input_names if n in first})
+    groups = group_by_bytes(names, sizes, int(memory_gb * 2**30))
+    # ORT's defaults for these calibrators (create_calibrator): percentile 2048 bins; entropy 128 / 128.
+    bins = {"percentile": (2048, 2048), "entropy": (128, 128)}[method]
+    collector = HistogramCollector(
+        method=method,
+        symmetric=symmetric,
+        num_bins=bins[0],
+        num_quantized_bins=bins[1],
+        percentile=percentile,
+        scenario="same",
+    )
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT's calibrator
+    bar = tqdm(total=len(groups) * len(records), desc="fastdiff ORT calibration", unit="record", leave=False)
+    with bar:
+        for k, group in enumerate(groups):
+            bar.set_postfix_str(f"tensor group {k + 1}/{len(groups)}")
+            part = model_path.parent / f".fastdiff-calib-{k}-{model_path.name}"
+            onnx.save(pruned_graph(model, group), str(part))
+            try:
+                session = ort.InferenceSession(str(part), options, providers=["CPUExecutionProvider"])
+            finally:
+                part.unlink()
+            feeds = [i.name for i in session.get_inputs()]
+            for record in records:
+                missing = [n for n in feeds if n not in record]
+                if missing:
+                    raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(record)}")
+                feed = {n: np.asarray(record[n].numpy(), dtype=dtypes.get(n, "float32")) for n in feeds}
+                values = session.run(group, feed)
+                with contextlib.redirect_stdout(io.StringIO()):  # the collector prints a line per call
+                    collector.collect({n: [v] for n, v in zip(group, values)})
+                bar.update()
+            del session
+    kind = {"percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[method]
+    with contextlib.redirect_stdout(io.StringIO()):
+        return TensorsData(kind, collector.compute_collection_result())
