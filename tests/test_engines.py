@@ -655,6 +655,31 @@ def test_layer_sensitivity_ranks_groups(onnx_path, calib):
     assert all(r["num_nodes"] > 0 for r in result)
 
 
+def test_layer_sensitivity_releases_its_reference_session(onnx_path, calib, monkeypatch):
+    """The fp32 reference session (the whole model's weights and arena: several GB at 512^2) is gone
+    before the groups calibrate; ov-mixed at 512^2 ran out of memory with it alive."""
+    import weakref
+
+    from fastdiff.engines import sensitivity
+
+    made = []
+
+    class Spy(sensitivity.OrtRunner):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(weakref.ref(self))
+
+    alive = []
+    real_quantize = sensitivity.quantize
+    monkeypatch.setattr(sensitivity, "OrtRunner", Spy)
+    monkeypatch.setattr(
+        sensitivity, "quantize", lambda *a, **k: alive.append(made[0]() is not None) or real_quantize(*a, **k)
+    )
+    fit, held = calib.split(4)
+    sensitivity.layer_sensitivity(onnx_path, fit, held.subset(1), method="minmax", max_calibration_records=2)
+    assert alive and not any(alive)
+
+
 # ---------------------------------------------------------------- records on disk (memory-bounded calibration)
 
 

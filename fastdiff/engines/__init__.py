@@ -16,7 +16,8 @@ backend and ``build.py`` writes its artifact; ``config.py`` holds the settings. 
 (``runtime_<name>.py``: flat inputs in, torch tensor out, sharing ``runtime_common.py``), its build
 (``openvino_build.py`` / ``runtime_trt.build_engine`` / ``build.move_onnx``) and an entry in
 ``compile.PRECISIONS`` and ``build.ARTIFACT``. Inputs are described once in :mod:`fastdiff.unet_inputs`;
-records stream from disk via ``records.py``; CPU capabilities (VNNI, bf16) are in ``cpu.py``.
+records stream from disk via ``records.py``; ONNX Runtime's activation ranges are computed a group of
+tensors at a time in ``ort_calibration.py`` (bounded memory); CPU capabilities (VNNI, bf16) are in ``cpu.py``.
 
 Exported here is what a user calls; the building blocks (runners, cache, quantisation nodes,
 TensorRT profiles) stay importable from their modules.

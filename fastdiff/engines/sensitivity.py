@@ -61,6 +61,7 @@ def layer_sensitivity(
     onnx_path = Path(onnx_path)
     reference = OrtRunner(onnx_path, threads=threads)
     refs = [reference(r) for r in evaluation]
+    del reference  # its weights and arena (several GB at 512^2) are not needed while the groups calibrate
     with tempfile.TemporaryDirectory(prefix="fastdiff-sens-") as tmp:
         tmp = Path(tmp)
         # Group on the pre-processed graph: that is the graph whose node names quantize() uses.
