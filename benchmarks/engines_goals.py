@@ -106,6 +106,27 @@ def _hint_pair(side) -> str:
     )
 
 
+def _ort_memory(rows: dict) -> str:
+    """ONNX Runtime int8 whole builds (fresh, not cached): process peaks, for the same memory goal."""
+    builds = [
+        (side, r)
+        for side in (256, 512)
+        for r in rows[side]
+        if r["variant"] == "ort-int8" and not r.get("cache_hit") and "peak_rss_gb" in r
+    ]
+    if not builds:
+        return ""
+    return (
+        "; ONNX Runtime int8, whole builds (4 records): "
+        + ", ".join(f"{side}^2 run {r['run']} {r['peak_rss_gb']} GB" for side, r in builds)
+        + (
+            " (from run 13 at 256^2 and run 6 at 512^2: fastdiff's grouped calibration, 854198b; before it ONNX "
+            "Runtime's own calibrator held every calibrated tensor of a record at once, and at 512^2 the process "
+            "passed 22.7 GB on the first record and was killed by a watchdog on this 24 GB machine)"
+        )
+    )
+
+
 def rows_present(rows_by_side: dict) -> dict:
     """Which of the benchmark's rows each side's judged file holds (timed), and which it lacks."""
     from engines_cpu import ROWS
@@ -352,7 +373,8 @@ def goals(not_run: dict) -> list[dict]:
                 )
                 + f" (smooth_quant={m['smooth_quant']}; {m['record_kind']})"
                 for m in stages
-            ),
+            )
+            + _ort_memory(rows),
         }
     )
     for side, have in rows_present(rows).items():
@@ -379,7 +401,9 @@ NOT_RUN = {
     "(of 4) with other jobs on the CPU (load 3.6-4), so the records alone would have filled the slot. "
     "2026-12-05: the session lost two of its three hours to an outage before the benchmark started; the hour "
     "left went to the ov-int8 row (a whole default build, for the memory goal), plain OpenVINO f32 and "
-    "torch.compile; ONNX Runtime fp32/int8 and mixed were not run",
+    "torch.compile. A later session ran ort-fp32 (run 5) and ort-int8: with ONNX Runtime's own calibrator the "
+    "process passed 22.7 GB on the first record and a watchdog killed it (24 GB machine); with fastdiff's grouped "
+    "calibration (854198b) it completed (run 6), and then ov-mixed, whose layer sensitivity calibrates the same way",
 }
 
 

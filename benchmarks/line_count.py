@@ -173,6 +173,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
         "7d8bf65",
         "feature forecasting on cached steps (#13)",
     ),
+    "fastdiff/engines/ort_calibration.py": (
+        "calibration on disk",
+        False,
+        "854198b",
+        "ONNX Runtime calibration in bounded memory (#14)",
+    ),
     "fastdiff/engines/mapped.py": (
         "calibration on disk",
         False,
