@@ -70,6 +70,8 @@ TARGETS = (
     ("fastdiff.engines.quantization", "quantize", "ORT quantize (total)"),
     ("fastdiff.engines.quantization", "preprocess", "ORT quant_pre_process"),
     ("fastdiff.engines.quantization", "select_nodes", "node selection"),
+    ("fastdiff.engines.quantization", "histogram_ranges", "fastdiff grouped calibration"),
+    ("onnxruntime.quantization", "quantize_static", "ORT quantize_static"),
     ("onnxruntime.quantization.quantize", "load_model_with_shape_infer", "ORT load + shape inference"),
     ("onnxruntime.quantization.quantize", "create_calibrator", "ORT calibrator (augment + session)"),
     ("onnxruntime.quantization.calibrate", "HistogramCalibrater.collect_data", "ORT calibration pass"),
@@ -88,6 +90,11 @@ class Timeline:
         self.events: list[dict] = []
         self._stack: list[int] = []
         self.missing: list[str] = []
+
+    def active_at(self, t: float) -> str:
+        """The innermost stages running at ``t`` seconds, outermost first ("a > b > c")."""
+        chain = [e["stage"] for e in self.events if e["start_s"] <= t <= e.get("end_s", float("inf"))]
+        return " > ".join(chain)
 
     def wrap(self, module: str, path: str, label: str) -> None:
         try:
@@ -114,9 +121,11 @@ class Timeline:
 
         setattr(owner, attr, timed)
 
-    def summary(self) -> list[dict]:
-        """One row per (stage, enclosing stage) in order of first start: calls and total seconds."""
+    def summary(self, samples: list[tuple[float, int]] = ()) -> list[dict]:
+        """One row per (stage, enclosing stage) in order of first start: calls, total seconds and, from
+        ``samples`` ((perf_counter, rss bytes) pairs), the highest RSS sampled during any of its calls."""
         rows: dict[tuple, dict] = {}
+        rel = [(t - self.t0, rss) for t, rss in samples]
         for e in self.events:
             parent = self.events[e["parent"]]["stage"] if e["parent"] is not None else ""
             row = rows.setdefault(
@@ -131,6 +140,9 @@ class Timeline:
             )
             row["calls"] += 1
             row["total_s"] += e.get("end_s", e["start_s"]) - e["start_s"]
+            during = [rss for t, rss in rel if e["start_s"] <= t <= e.get("end_s", e["start_s"])]
+            if during:
+                row["max_rss_gb"] = round(max(row.get("max_rss_gb", 0), max(during) / 2**30), 2)
         for row in rows.values():
             row["total_s"] = round(row["total_s"], 1)
             row["first_start_s"] = round(row["first_start_s"], 1)
@@ -153,6 +165,7 @@ def main(argv=None):
         help="ExportConfig.openvino_source: convert the U-Net directly, or through the ONNX export (before #14's fix)",
     )
     p.add_argument("--model", default="sd15-full", choices=["sd15-full", "sd15-half", "tiny"])
+    p.add_argument("--side", type=int, default=256, help="image side in px")
     p.add_argument("--backend", default="openvino", choices=["openvino", "onnxruntime"])
     args = p.parse_args(argv)
 
@@ -161,7 +174,7 @@ def main(argv=None):
     from fastdiff.engines import ExportConfig, GateConfig, QuantConfig, compile_engine
 
     load_before = os.getloadavg()
-    pipe, args.side = make_pipeline(args.model, 256)
+    pipe, args.side = make_pipeline(args.model, args.side)
     args.guidance = 7.5
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -177,7 +190,7 @@ def main(argv=None):
     for target in TARGETS:
         timeline.wrap(*target)
     timeline.t0 = time.perf_counter()
-    with PeakRSS() as mem:
+    with PeakRSS(keep=True) as mem:
         engine = compile_engine(
             pipe.unet,
             backend=args.backend,
@@ -195,7 +208,9 @@ def main(argv=None):
     load_after = os.getloadavg()
     shutil.rmtree(cache, ignore_errors=True)
 
-    rows = timeline.summary()
+    rows = timeline.summary(mem.samples)
+    peak_t, _ = max(mem.samples, key=lambda s: s[1]) if mem.samples else (timeline.t0, 0)
+    peak_stage = timeline.active_at(peak_t - timeline.t0)
     meta = env_info()
     meta.update(header())
     meta.update(
@@ -210,6 +225,8 @@ def main(argv=None):
             "quality_check_s": round(quality_s, 1),
             "total_without_quality_check_s": round(total_s - quality_s, 1),
             "peak_rss_gb": round(mem.peak / 2**30, 2),
+            "peak_at_s": round(peak_t - timeline.t0, 1),
+            "peak_stage": peak_stage,
             "quality": engine.quality,
             "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in load_after],
@@ -229,13 +246,19 @@ def main(argv=None):
             f"- total {total_s:.1f} s = {total_s - quality_s:.1f} s build + {quality_s:.1f} s quality check "
             f"(first compile of the engine + engine and eager PyTorch on the held-back records); "
             f"SNR {engine.quality['snr_db']:.2f} dB (worst record {engine.quality['snr_db_min']:.2f}); "
-            f"peak RSS {mem.peak / 2**30:.2f} GB; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}.",
+            f"peak RSS {mem.peak / 2**30:.2f} GB at {peak_t - timeline.t0:.0f} s, in: {peak_stage or '(no stage)'}; "
+            f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}. max_rss_gb: the highest RSS "
+            "sampled (every 50 ms) during any call of the row's stage.",
             "- total_s sums every call of the stage; 'inside' is the stage it ran within (nested rows are part of "
             "their parent's time). The full timeline (start/end of every call) is in the JSON.",
         ]
     )
     paths = write_results(
-        args.name, rows, meta, ["stage", "inside", "calls", "total_s", "first_start_s"], notes=notes
+        args.name,
+        rows,
+        meta,
+        ["stage", "inside", "calls", "total_s", "first_start_s", "max_rss_gb"],
+        notes=notes,
     )
     print("wrote", *paths)
 

@@ -40,7 +40,12 @@ ROWS = (
 
 
 class PeakRSS:
-    """Peak resident set size of this process while the block runs (bytes), sampled every 50 ms."""
+    """Peak resident set size of this process while the block runs (bytes), sampled every 50 ms.
+    ``keep=True`` also keeps every sample as ``(time.perf_counter(), bytes)`` in ``samples``."""
+
+    def __init__(self, keep: bool = False):
+        self.keep = keep
+        self.samples: list[tuple[float, int]] = []
 
     def __enter__(self):
         self.peak = _rss()
@@ -51,7 +56,10 @@ class PeakRSS:
 
     def _run(self):
         while not self._stop.wait(0.05):
-            self.peak = max(self.peak, _rss())
+            rss = _rss()
+            self.peak = max(self.peak, rss)
+            if self.keep:
+                self.samples.append((time.perf_counter(), rss))
 
     def __exit__(self, *exc):
         self._stop.set()
