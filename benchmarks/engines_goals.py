@@ -124,7 +124,28 @@ def _ort_memory(rows: dict) -> str:
             "Runtime's own calibrator held every calibrated tensor of a record at once, and at 512^2 the process "
             "passed 22.7 GB on the first record and was killed by a watchdog on this 24 GB machine)"
         )
+        + _ort_profiles_512()
     )
+
+
+def _ort_profiles_512() -> str:
+    """The 512^2 ONNX Runtime int8 build profiles: where the peak is, before and after the arena change."""
+    found = []
+    for name, what in (
+        ("engines-cpu-build-profile-ort-int8-512", "profile with the memory arena on"),
+        (
+            "engines-cpu-build-profile-ort-int8-512-noarena",
+            "with the calibration sessions' arena off (the default now)",
+        ),
+    ):
+        path = RESULTS_DIR / f"{name}.json"
+        if path.exists():
+            m = json.loads(path.read_text())["meta"]
+            found.append(
+                f"{what}: {m['peak_rss_gb']} GB peak in {m['peak_stage'].split(' > ')[-1]}, "
+                f"build {m['total_without_quality_check_s']:.0f} s, SNR {m['quality']['snr_db']:.2f} dB ({name}.md)"
+            )
+    return "; 512^2 " + "; ".join(found) if found else ""
 
 
 def rows_present(rows_by_side: dict) -> dict:
