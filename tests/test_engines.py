@@ -810,6 +810,81 @@ def test_grouped_histogram_calibration_gives_onnx_runtimes_ranges(
         ort_calibration.histogram_ranges(pre, records, names, op_types=_QUANTISABLE_OPS, memory_gb=0)
 
 
+def test_calibration_sizes_every_tensor_as_onnx_runtime_allocates_it(pipe, calib, tmp_path):
+    """Groups are sized from inferred shapes; ONNX's inference left most U-Net activations unsized
+    (Shape/Reshape arithmetic), so a 1 GB budget fetched 2.4 GB at 512^2. Every calibrated tensor must
+    be sized, at a record's real shape (not the export's), exactly as large as ORT makes it."""
+    from fastdiff.engines import ort_calibration
+    from fastdiff.engines.quantization import _QUANTISABLE_OPS, _graph_input_names, preprocess
+
+    src = export_onnx(pipe.unet, tmp_path / "unet.onnx", external_data=True)
+    pre = preprocess(src, tmp_path / "pre.onnx")
+    model = onnx.load(str(pre), load_external_data=False)
+    names = ort_calibration.tensors_to_calibrate(onnx.shape_inference.infer_shapes(model), _QUANTISABLE_OPS)
+    record = calib.records[0]
+    inputs = _graph_input_names(pre)
+    record = {**record, "sample": torch.randn(2, record["sample"].shape[1], 24, 40)}  # not the export's shape
+    sizes = ort_calibration.tensor_bytes(model, {n: tuple(record[n].shape) for n in inputs}, pre.parent)
+    part = tmp_path / "all.onnx"
+    onnx.save(ort_calibration.pruned_graph(onnx.shape_inference.infer_shapes(model), names), str(part))
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(part), providers=["CPUExecutionProvider"])
+    feed = {i.name: record[i.name].numpy().astype(np.float32) for i in session.get_inputs()}
+    actual = dict(zip(names, session.run(names, feed)))
+    assert len(names) > 20
+    assert {n: sizes.get(n) for n in names} == {n: actual[n].nbytes for n in names}
+
+
+def test_int8_calibrates_only_what_quantised_layers_read(onnx_path, calib, tmp_path):
+    """quantize() leaves the attention matmuls' activations (never quantised, 1 GB each at 512^2) out
+    of calibration; the Q/DQ graph must be the one that ranges for every tensor give, and a cache
+    without a needed tensor is an error, not a layer silently left in float."""
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    from fastdiff.engines import ort_calibration
+    from fastdiff.engines.quantization import (
+        _QUANTISABLE_OPS,
+        _graph_input_dtypes,
+        _graph_input_names,
+        activation_tensors,
+        preprocess,
+    )
+
+    pre = preprocess(onnx_path, tmp_path / "pre.onnx")
+    records = list(calib.subset(4).records)
+    every = ort_calibration.histogram_ranges(
+        pre, records, _graph_input_names(pre), op_types=_QUANTISABLE_OPS, dtypes=_graph_input_dtypes(pre)
+    )
+    save_tensors_data(every, tmp_path / "every.json")
+    attention = [n for n, c in classify_nodes(pre).items() if c == "attention"]
+    skipped = activation_tensors(pre, attention) - activation_tensors(pre)
+    assert attention and skipped
+    kw = dict(level="conv+ffn+qkv", max_calibration_records=4)
+    reference = quantize(
+        pre, calib, out_path=tmp_path / "ref.onnx", calibration_cache=tmp_path / "every.json", **kw
+    )
+    lean = quantize(pre, calib, out_path=tmp_path / "lean.onnx", **kw)
+    a, b = onnx.load(str(reference)), onnx.load(str(lean))
+    assert [(n.op_type, list(n.input)) for n in a.graph.node] == [
+        (n.op_type, list(n.input)) for n in b.graph.node
+    ]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in b.graph.initializer}
+    for i in a.graph.initializer:
+        assert np.array_equal(onnx.numpy_helper.to_array(i), inits[i.name]), i.name
+
+    partial = {k: v for k, v in every.data.items() if k not in skipped}
+    save_tensors_data(type(every)(every.calibration_method, partial), tmp_path / "partial.json")
+    with pytest.raises(ValueError, match="has no ranges for"):
+        quantize(
+            pre,
+            calib,
+            nodes=attention,
+            calibration_cache=tmp_path / "partial.json",
+            out_path=tmp_path / "x.onnx",
+        )
+
+
 def test_calibration_groups_stay_within_the_budget():
     from fastdiff.engines.ort_calibration import group_by_bytes
 

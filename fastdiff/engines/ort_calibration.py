@@ -10,6 +10,12 @@ them) while one group's outputs are alive. Each group runs a pruned copy of the 
 tensors need, in topological order, so early groups run a prefix) that references the model's weight
 file instead of copying it. ORT's ``HistogramCollector`` does the statistics; min-max calibration
 reduces inside the graph already and stays with ORT.
+
+What decides memory and time at 512^2, measured (benchmarks/results/engines-cpu-build-profile-ort-int8-512*):
+groups are sized from shapes that ONNX Runtime's symbolic inference resolves (ONNX's own left most
+activations unsized, and groups came out 2.4x over budget); ``quantize`` calibrates only tensors that
+quantised layers read (the attention matmuls' score and softmax tensors, 1 GB each, are never
+quantised); sessions run without ORT's memory arena, which kept each group's largest intermediates.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import contextlib
 import io
 import math
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,9 +47,22 @@ def tensors_to_calibrate(model, op_types: Sequence[str]) -> list[str]:
     return list(ordered)
 
 
-def tensor_bytes(model, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """Bytes of every tensor whose shape ONNX infers once the graph inputs take ``input_shapes``."""
+def tensor_bytes(
+    model, input_shapes: Mapping[str, Sequence[int]], base_dir: str | Path | None = None
+) -> dict[str, int]:
+    """Bytes of every tensor whose shape is known once the graph inputs take ``input_shapes``.
+
+    ONNX's own shape inference left 570 of the 670 calibrated tensors of the exported SD1.5 U-Net
+    unsized (their shapes run through Shape/Reshape arithmetic), so groups came out 2.4x over budget.
+    ONNX Runtime's symbolic inference evaluates that arithmetic; it reads the small constants it needs
+    (shape vectors, scalars) from the external-data file in ``base_dir``. Should it fail on a graph,
+    ONNX's inference is used with a warning (unsized tensors then count as the largest sized one).
+    """
+    import warnings
+
     import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
@@ -54,7 +73,20 @@ def tensor_bytes(model, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, 
             for d, size in zip(dims, input_shapes[inp.name]):
                 d.Clear()
                 d.dim_value = int(size)
-    inferred = onnx.shape_inference.infer_shapes(fixed)
+    for init in fixed.graph.initializer:
+        if base_dir is not None and uses_external_data(init) and math.prod(init.dims) <= 2**16:
+            load_external_data_for_tensor(init, str(base_dir))
+            init.data_location = onnx.TensorProto.DEFAULT
+            del init.external_data[:]
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(fixed, auto_merge=True)
+    except Exception as e:  # noqa: BLE001 - any failure: fall back to the weaker inference
+        warnings.warn(
+            f"ONNX Runtime's symbolic shape inference failed ({type(e).__name__}: {e}); calibration "
+            "groups are sized from ONNX's shape inference, which may leave tensors unsized",
+            stacklevel=2,
+        )
+        inferred = onnx.shape_inference.infer_shapes(fixed)
     out = {}
     for vi in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
         t = vi.type.tensor_type
@@ -122,13 +154,16 @@ def histogram_ranges(
     percentile: float = 99.999,
     memory_gb: float = 1.0,
     dtypes: Mapping[str, str] | None = None,
+    tensors: Collection[str] | None = None,
 ):
     """ORT's ``TensorsData`` for ``method`` ("percentile" or "entropy") over ``records``, as
     ``quantize_static`` would compute it with ``CalibStridedMinMax=1``, holding at most about
     ``memory_gb`` of calibrated activations per record at a time.
 
     ``model_path`` must keep its weights in an external-data file beside it or inline (the pruned
-    graphs are written next to it and reference that file).
+    graphs are written next to it and reference that file). ``tensors`` limits the calibration to
+    those of ORT's tensors (``None``: all of them, as ORT): ``quantize`` leaves out the attention
+    matmuls' activations, which no level quantises and which are the largest (1 GB each at 512^2).
     """
     import onnx
     import onnxruntime as ort
@@ -148,8 +183,15 @@ def histogram_ranges(
         onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred_path))  # as ORT's calibrator
         model = onnx.load(str(inferred_path), load_external_data=False)
     names = tensors_to_calibrate(model, op_types)
+    if tensors is not None:
+        wanted = set(tensors)
+        names = [n for n in names if n in wanted]
+        if not names:
+            raise ValueError("none of the given tensors is one that ONNX Runtime would calibrate")
     first = records[0]
-    sizes = tensor_bytes(model, {n: tuple(first[n].shape) for n in input_names if n in first})
+    sizes = tensor_bytes(
+        model, {n: tuple(first[n].shape) for n in input_names if n in first}, model_path.parent
+    )
     groups = group_by_bytes(names, sizes, int(memory_gb * 2**30))
     # ORT's defaults for these calibrators (create_calibrator): percentile 2048 bins; entropy 128 / 128.
     bins = {"percentile": (2048, 2048), "entropy": (128, 128)}[method]
@@ -185,6 +227,7 @@ def histogram_ranges(
                 values = session.run(group, feed)
                 with contextlib.redirect_stdout(io.StringIO()):  # the collector prints a line per call
                     collector.collect({n: [v] for n, v in zip(group, values)})
+                del values  # else this group's outputs stay alive while the next record or group runs
                 bar.update()
             del session
     kind = {"percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[method]

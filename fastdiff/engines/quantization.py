@@ -121,6 +121,23 @@ def classify_nodes(model_or_path) -> dict[str, str]:
     return out
 
 
+def activation_tensors(model_or_path, nodes: Iterable[str] | None = None) -> set[str]:
+    """Non-weight inputs and outputs of ``nodes``, the tensors whose ranges ``quantize_static`` reads
+    for them; ``None``: of every node some level can quantise (all but the attention matmuls), so that
+    one calibration serves every level."""
+    model = _load_graph(model_or_path)
+    weights = _weight_names(model)
+    names = set(nodes) if nodes is not None else None
+    out = set()
+    for node in model.graph.node:
+        if names is not None and node.name not in names:
+            continue
+        if names is None and classify_node(node, weights) in (None, "attention"):
+            continue
+        out.update(t for t in (*node.input, *node.output) if t and t not in weights)
+    return out
+
+
 def select_nodes(
     model_or_path, level: str = "conv+ffn+qkv", exclude: Iterable[str] = DEFAULT_EXCLUDE
 ) -> list[str]:
@@ -324,9 +341,9 @@ def quantize(
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
         reader = _Reader(calibration, _graph_input_names(pre), _graph_input_dtypes(pre))
-        if method in HISTOGRAM_METHODS and not (
-            calibration_cache is not None and Path(calibration_cache).is_file()
-        ):
+        if calibration_cache is not None and Path(calibration_cache).is_file():
+            _check_cache_covers(calibration_cache, activation_tensors(pre, chosen))
+        elif method in HISTOGRAM_METHODS:
             # ORT's own calibrator would hold every calibrated tensor of a record at once (OOM at 512^2).
             from onnxruntime.quantization.calibrate import save_tensors_data
 
@@ -340,6 +357,7 @@ def quantize(
                 percentile=percentile,
                 memory_gb=calibration_memory_gb,
                 dtypes=_graph_input_dtypes(pre),
+                tensors=activation_tensors(pre) | activation_tensors(pre, chosen),
             )
             calibration_cache = (
                 Path(calibration_cache) if calibration_cache is not None else Path(tmp) / "ranges.json"
@@ -367,6 +385,19 @@ def quantize(
             if reader.bar is not None:
                 reader.bar.close()
     return out_path
+
+
+def _check_cache_covers(path, needed: set[str]) -> None:
+    """ORT skips, with only a log line, a tensor that its ranges lack: the layer would stay float."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    missing = sorted(needed - set(load_tensors_data(path).keys()))
+    if missing:
+        raise ValueError(
+            f"calibration_cache {str(path)!r} has no ranges for {len(missing)} tensors these nodes need "
+            f"(first: {missing[:3]}); it was written for other nodes (attention matmuls are calibrated "
+            "only when named in nodes=): delete it or pass another path"
+        )
 
 
 def default_reduce_range(activation_type: str = "uint8") -> bool:
