@@ -122,20 +122,22 @@ def _ort_memory(rows: dict) -> str:
         + (
             " (from run 13 at 256^2 and run 6 at 512^2: fastdiff's grouped calibration, 854198b; before it ONNX "
             "Runtime's own calibrator held every calibrated tensor of a record at once, and at 512^2 the process "
-            "passed 22.7 GB on the first record and was killed by a watchdog on this 24 GB machine)"
+            "passed 22.7 GB on the first record and was killed by a watchdog on this 24 GB machine; from run 14 at "
+            "256^2 it calibrates only the tensors quantised layers read, c61863c)"
         )
         + _ort_profiles_512()
     )
 
 
 def _ort_profiles_512() -> str:
-    """The 512^2 ONNX Runtime int8 build profiles: where the peak is, before and after the arena change."""
+    """The 512^2 ONNX Runtime int8 build profiles: where the peak is, before and after each memory change."""
     found = []
     for name, what in (
         ("engines-cpu-build-profile-ort-int8-512", "profile with the memory arena on"),
+        ("engines-cpu-build-profile-ort-int8-512-noarena", "with the calibration sessions' arena off"),
         (
-            "engines-cpu-build-profile-ort-int8-512-noarena",
-            "with the calibration sessions' arena off (the default now)",
+            "engines-cpu-build-profile-ort-int8-512-lean",
+            "calibrating only what quantised layers read, in correctly sized groups (the default now)",
         ),
     ):
         path = RESULTS_DIR / f"{name}.json"
