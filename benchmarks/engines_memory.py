@@ -11,6 +11,9 @@ with its anonymous / file-backed split; the peak so far is appended to ``--log``
 run cut short by its time slot still leaves a lower bound (``from-log``). ``--dynamic`` and
 ``--keep-mapped`` measure the code paths before #14's fixes.
 
+``ort-stage``: the same for ONNX Runtime int8: ``quantize`` with QuantConfig's defaults on an fp32 ONNX
+export (written by a child process), 32 of the same synthetic records streamed from disk.
+
 ``compare``: FakeQuantize ranges of two int8 models (static vs dynamic calibration).
 
 ``rebuild``: a fresh process that calls ``compile_engine`` again on a filled cache (what a user's
@@ -155,6 +158,75 @@ def stage(args) -> dict:
     return row
 
 
+def ort_stage(args) -> dict:
+    """ONNX Runtime calibration + quantisation alone, through the same ``quantize`` (with QuantConfig's
+    defaults) that compile_engine's ONNX Runtime int8 build calls, on an fp32 ONNX export."""
+    import resource
+
+    from fastdiff.engines import QuantConfig, quantize
+
+    fit, _ = _fit_held(args)
+    onnx_path = Path(args.workdir) / f"unet-{args.side}.onnx"
+    if not onnx_path.is_file():  # in a child process: the U-Net must not count in this one's memory
+        cmd = [sys.executable, __file__, "export", "--side", str(args.side), "--workdir", args.workdir]
+        subprocess.run(cmd, check=True)
+    out = Path(args.workdir) / f"ort-int8-{args.side}-{len(fit)}.onnx"
+    t0 = time.perf_counter()
+    peak: dict = {}
+    stop = threading.Event()
+    sampler = threading.Thread(
+        target=_timeline, args=(Path(args.log), stop, t0, "ort-stage", peak), daemon=True
+    )
+    sampler.start()
+    q = QuantConfig()
+    quantize(
+        onnx_path,
+        fit,
+        level=q.level,
+        method=q.method,
+        exclude=q.exclude,
+        percentile=q.percentile,
+        max_calibration_records=len(fit),
+        calibration_memory_gb=q.calibration_memory_gb,
+        out_path=out,
+    )
+    seconds = time.perf_counter() - t0
+    stop.set()
+    sampler.join()
+    row = {
+        "what": "calibration + quantisation stage (ONNX Runtime) alone",
+        "side_px": args.side,
+        "records": len(fit),
+        "record_kind": "synthetic_inputs (random latents and text embeddings over the timestep range), "
+        "streamed from disk",
+        "finished": True,
+        "seconds": round(seconds, 1),
+        "peak_rss_gb": round(peak.get("VmRSS", 0), 2),
+        "peak_anon_gb": round(peak.get("RssAnon", 0), 2),
+        "peak_file_gb": round(peak.get("RssFile", 0), 2),
+        "peak_reached_at_s": round(peak.get("at_s", 0), 0),
+        "ru_maxrss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }
+    if args.snr_records:
+        cmd = [sys.executable, __file__, "snr", "--side", str(args.side), "--pool", str(args.pool)]
+        cmd += ["--model-xml", str(onnx_path), "--int8-xml", str(out), "--workdir", args.workdir]
+        cmd += ["--snr-records", str(args.snr_records)]
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    return row
+
+
+def write_export(args) -> None:
+    """The fp32 ONNX export an ONNX Runtime build quantises (traced at the smallest latent, as there)."""
+    from fastdiff.engines.export import export_onnx
+    from fastdiff.testing import tiny_pipeline
+
+    unet = tiny_pipeline("sd15", size="full", seed=0).unet
+    export_onnx(
+        unet, Path(args.workdir) / f"unet-{args.side}.onnx", sample_shape=(2, 4, 8, 8), external_data=True
+    )
+
+
 def snr(args) -> dict:
     """SNR of the int8 model against the fp32 model it came from, per held-back record (never calibrated on)."""
     from fastdiff.engines.quality import snr_db
@@ -162,8 +234,13 @@ def snr(args) -> dict:
 
     _, held = _fit_held(args)
     held = held.subset(args.snr_records)
-    fp32 = OvRunner(args.model_xml, hint="f32")
-    int8 = OvRunner(args.int8_xml, hint="f32")
+    if str(args.int8_xml).endswith(".onnx"):  # ort-stage's models
+        from fastdiff.engines.runtime_ort import OrtRunner
+
+        fp32, int8 = OrtRunner(args.model_xml), OrtRunner(args.int8_xml)
+    else:
+        fp32 = OvRunner(args.model_xml, hint="f32")
+        int8 = OvRunner(args.int8_xml, hint="f32")
     values = [snr_db(int8(r).double(), fp32(r).double()) for r in held.records]
     print(
         json.dumps(
@@ -341,7 +418,10 @@ def adopt(args) -> None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["stage", "rebuild", "records", "from-log", "snr", "compare", "adopt"])
+    p.add_argument(
+        "what",
+        choices=["stage", "ort-stage", "rebuild", "records", "export", "from-log", "snr", "compare", "adopt"],
+    )
     p.add_argument("--side", type=int, default=512)
     p.add_argument("--records", type=int, default=32, help="stage: records that calibrate")
     p.add_argument("--pool", type=int, default=40, help="synthetic records written; every 5th is held back")
@@ -373,9 +453,15 @@ def main(argv=None):
     args = p.parse_args(argv)
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     torch.set_grad_enabled(False)
-    if args.what in ("records", "snr", "adopt"):
-        return {"records": write_records, "snr": snr, "adopt": adopt}[args.what](args)
-    row = {"stage": stage, "rebuild": rebuild, "from-log": from_log, "compare": compare}[args.what](args)
+    if args.what in ("records", "export", "snr", "adopt"):
+        return {"records": write_records, "export": write_export, "snr": snr, "adopt": adopt}[args.what](args)
+    row = {
+        "stage": stage,
+        "ort-stage": ort_stage,
+        "rebuild": rebuild,
+        "from-log": from_log,
+        "compare": compare,
+    }[args.what](args)
     row.update(
         cpu=cpu_model(),
         cpu_engine_flags=engine_flags(),
@@ -397,6 +483,10 @@ def main(argv=None):
         "records' shape; mapped_weights given back: madvise(DONTNEED) on the mapped .bin while NNCF runs "
         "(fastdiff/engines/mapped.py). snr_vs_fp32_db: the int8 model against the fp32 model on held-back "
         "records (every 5th of 40, never calibrated on), in a child process.\n"
+        "- ort-stage: ONNX Runtime calibration + quantisation alone, in its own process, through the same "
+        "quantize() (QuantConfig's defaults) that compile_engine's ONNX Runtime int8 build calls, on an fp32 "
+        "ONNX export written by a child process; records as for stage; snr_vs_fp32_db: the int8 ONNX model "
+        "against the fp32 one on held-back records, in a child process.\n"
         "- compare: FakeQuantize ranges of two int8 models of the same IR, max |difference| / range width.\n"
         "- rebuild: compile_engine on a filled cache in a fresh process (weights fingerprint, cache check, "
         "reading the model; the parts timed separately), then the first step (per-shape compile from "
