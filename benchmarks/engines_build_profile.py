@@ -35,7 +35,7 @@ TARGETS = (
     ("fastdiff.engines.compile", "build", "build (artifacts)"),
     ("fastdiff.engines.export", "export_onnx", "ONNX export (total)"),
     ("torch.onnx", "export", "torch.onnx.export (trace)"),
-    ("fastdiff.engines.export", "save_onnx", "ONNX save"),
+    ("fastdiff.engines.export", "consolidate_onnx", "ONNX save (streamed)"),
     ("onnx.checker", "check_model", "ONNX checker"),
     ("fastdiff.engines.runtime_ov", "convert", "openvino.convert_model (ONNX)"),
     ("fastdiff.engines.openvino_build", "convert_pytorch", "openvino.convert_model (PyTorch)"),
@@ -68,7 +68,7 @@ TARGETS = (
     ("diffusers.models.unets.unet_2d_condition", "UNet2DConditionModel.forward", "PyTorch U-Net forward"),
     # ONNX Runtime int8 (--backend onnxruntime)
     ("fastdiff.engines.quantization", "quantize", "ORT quantize (total)"),
-    ("fastdiff.engines.quantization", "preprocess", "ORT quant_pre_process"),
+    ("fastdiff.engines.quantization", "preprocess", "ORT pre-process (graph optimisation)"),
     ("fastdiff.engines.quantization", "select_nodes", "node selection"),
     ("fastdiff.engines.quantization", "histogram_ranges", "fastdiff grouped calibration"),
     ("onnxruntime.quantization", "quantize_static", "ORT quantize_static"),

@@ -137,6 +137,52 @@ def test_export_external_data(pipe, tmp_path):
     assert _rel(OrtRunner(path)(inputs), _eager(pipe.unet, inputs)) < 1e-4
 
 
+@pytest.mark.parametrize("layout", ["inline", "one file per tensor", "one shared file"])
+def test_consolidate_onnx_streams_any_layout_into_one_data_file(onnx_path, tmp_path, layout):
+    """The exporter writes one file per tensor above 2 GB; consolidate_onnx copies the bytes into the
+    one ``<name>.data`` layout without loading them. Every tensor must arrive intact, at its offset."""
+    from fastdiff.engines.export import consolidate_onnx
+
+    model = onnx.load(str(onnx_path))
+    expected = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    src = tmp_path / "src" / "m.onnx"
+    src.parent.mkdir()
+    if layout == "inline":
+        onnx.save_model(model, str(src))
+    else:
+        onnx.save_model(
+            model,
+            str(src),
+            save_as_external_data=True,
+            all_tensors_to_one_file=layout == "one shared file",
+            location="shared.bin" if layout == "one shared file" else None,
+            size_threshold=0,
+        )
+    (tmp_path / "out").mkdir()
+    dst = consolidate_onnx(src, tmp_path / "out" / "engine.onnx")
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["engine.onnx", "engine.onnx.data"]
+    bare = onnx.load(str(dst), load_external_data=False)
+    for tensor in bare.graph.initializer:
+        external = tensor.data_location == onnx.TensorProto.EXTERNAL
+        # Inline tensors move out from 1 KB (as onnx.save_model does); external ones stay external.
+        assert external == (layout != "inline" or expected[tensor.name].nbytes >= 1024), tensor.name
+        if external:
+            assert {e.key: e.value for e in tensor.external_data}["location"] == "engine.onnx.data"
+    got = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(dst)).graph.initializer}
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name].dtype == value.dtype and np.array_equal(got[name], value), name
+    onnx.checker.check_model(str(dst))
+    with pytest.raises(ValueError, match="must not be src"):
+        consolidate_onnx(dst, dst)
+
+
+def test_export_refuses_inline_weights_above_the_protobuf_limit(pipe, tmp_path, monkeypatch):
+    monkeypatch.setattr(export_mod, "_PROTOBUF_LIMIT_BYTES", 1024)
+    with pytest.raises(ValueError, match="external_data=True"):
+        export_onnx(pipe.unet, tmp_path / "a.onnx", external_data=False)
+
+
 def test_export_bad_arguments(pipe, tmp_path):
     with pytest.raises(ValueError, match="opset"):
         export_onnx(pipe.unet, tmp_path / "a.onnx", opset=11)
@@ -834,6 +880,40 @@ def test_calibration_sizes_every_tensor_as_onnx_runtime_allocates_it(pipe, calib
     actual = dict(zip(names, session.run(names, feed)))
     assert len(names) > 20
     assert {n: sizes.get(n) for n in names} == {n: actual[n].nbytes for n in names}
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_preprocess_writes_the_graph_onnx_runtimes_pre_process_writes(pipe, tmp_path, external):
+    """preprocess() keeps only the optimisation step of ORT's quant_pre_process (its shape inference
+    and Python load/save cost 25 s at 256^2): the nodes and weights must be the ones ORT's writes."""
+    import contextlib
+    import io
+
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from fastdiff.engines.quantization import preprocess
+
+    src = export_onnx(pipe.unet, tmp_path / "unet.onnx", external_data=external)
+    with contextlib.redirect_stdout(io.StringIO()):
+        quant_pre_process(
+            str(src),
+            str(tmp_path / "ort.onnx"),
+            skip_symbolic_shape=True,
+            save_as_external_data=external,
+            all_tensors_to_one_file=True,
+            external_data_location="ort.onnx.data",
+        )
+    ours = preprocess(src, tmp_path / "pre.onnx")
+    assert (tmp_path / "pre.onnx.data").exists() == external
+    a, b = onnx.load(str(tmp_path / "ort.onnx")), onnx.load(str(ours))
+    assert len(a.graph.node) > 50
+    assert [(n.op_type, list(n.input), list(n.output)) for n in a.graph.node] == [
+        (n.op_type, list(n.input), list(n.output)) for n in b.graph.node
+    ]
+    got = {i.name: onnx.numpy_helper.to_array(i) for i in b.graph.initializer}
+    assert got.keys() == {i.name for i in a.graph.initializer}
+    for i in a.graph.initializer:
+        assert np.array_equal(onnx.numpy_helper.to_array(i), got[i.name]), i.name
 
 
 def test_int8_calibrates_only_what_quantised_layers_read(onnx_path, calib, tmp_path):

@@ -120,10 +120,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
 
 def move_onnx(src: Path, dst: Path) -> None:
     """Move a model and its external data file, rewriting the data location to the new name."""
-    import onnx
-
-    data = src.with_name(src.name + ".data")
-    if not data.exists():
+    if not src.with_name(src.name + ".data").exists():
         shutil.move(str(src), str(dst))
         return
-    _export.save_onnx(onnx.load(str(src), load_external_data=True), dst, external_data=True)
+    _export.consolidate_onnx(src, dst)
