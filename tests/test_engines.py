@@ -889,6 +889,7 @@ def test_preprocess_writes_the_graph_onnx_runtimes_pre_process_writes(pipe, tmp_
     import contextlib
     import io
 
+    from onnxruntime.quantization.quant_utils import model_has_pre_process_metadata
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from fastdiff.engines.quantization import preprocess
@@ -914,6 +915,7 @@ def test_preprocess_writes_the_graph_onnx_runtimes_pre_process_writes(pipe, tmp_
     assert got.keys() == {i.name for i in a.graph.initializer}
     for i in a.graph.initializer:
         assert np.array_equal(onnx.numpy_helper.to_array(i), got[i.name]), i.name
+    assert model_has_pre_process_metadata(b)  # quantize_static warns on a graph without the mark
 
 
 def test_int8_calibrates_only_what_quantised_layers_read(onnx_path, calib, tmp_path):

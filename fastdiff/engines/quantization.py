@@ -2,7 +2,7 @@
 
 The heavy lifting (activation calibration, inserting QuantizeLinear/DequantizeLinear
 pairs, per-channel weight scales) is ``onnxruntime.quantization.quantize_static``;
-this module decides *what* to quantise. (About 420 lines: the layer taxonomy, the node classifier and the
+this module decides *what* to quantise. (About 470 lines: the layer taxonomy, the node classifier and the
 Q/DQ summary must agree with each other, so they stay in one place.)
 
 Every weighted layer of the exported graph is classified from its node name
@@ -252,6 +252,13 @@ def preprocess(onnx_path: str | os.PathLike, out_path: str | os.PathLike) -> Pat
             "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
         )
     onnxruntime.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    # The mark quant_pre_process leaves (quantize_static warns without it); the graph is all that is read.
+    import onnx
+    from onnxruntime.quantization.quant_utils import add_pre_process_metadata
+
+    model = onnx.load(str(out_path), load_external_data=False)
+    add_pre_process_metadata(model)
+    onnx.save_model(model, str(out_path))
     return out_path
 
 
