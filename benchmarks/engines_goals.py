@@ -118,15 +118,30 @@ def _ort_memory(rows: dict) -> str:
         return ""
     return (
         "; ONNX Runtime int8, whole builds (4 records): "
-        + ", ".join(f"{side}^2 run {r['run']} {r['peak_rss_gb']} GB" for side, r in builds)
+        + ", ".join(
+            f"{side}^2 run {r['run']} {r['peak_rss_gb']} GB{_built_after(rows[side], r)}"
+            for side, r in builds
+        )
         + (
             " (from run 13 at 256^2 and run 6 at 512^2: fastdiff's grouped calibration, 854198b; before it ONNX "
             "Runtime's own calibrator held every calibrated tensor of a record at once, and at 512^2 the process "
             "passed 22.7 GB on the first record and was killed by a watchdog on this 24 GB machine; from run 14 at "
-            "256^2 it calibrates only the tensors quantised layers read, c61863c)"
+            "256^2 it calibrates only the tensors quantised layers read, c61863c; from run 17 the export and ORT's "
+            "pre-processing stream the weights instead of loading them in Python, ae394cd)"
         )
         + _ort_profiles_512()
     )
+
+
+def _built_after(rows: list, row: dict) -> str:
+    """Which engines the same run built before ``row`` (their memory is in its process peak)."""
+    earlier = []
+    for r in rows:
+        if r is row:
+            break
+        if r["run"] == row["run"] and r["variant"] != "eager":
+            earlier.append(r["variant"])
+    return f" (after {', '.join(earlier)} in the same process)" if earlier else ""
 
 
 def _ort_profiles_512() -> str:
@@ -137,7 +152,11 @@ def _ort_profiles_512() -> str:
         ("engines-cpu-build-profile-ort-int8-512-noarena", "with the calibration sessions' arena off"),
         (
             "engines-cpu-build-profile-ort-int8-512-lean",
-            "calibrating only what quantised layers read, in correctly sized groups (the default now)",
+            "calibrating only what quantised layers read, in correctly sized groups",
+        ),
+        (
+            "engines-cpu-build-profile-ort-int8-512-fast",
+            "with the streaming export and pre-processing as well (the default now)",
         ),
     ):
         path = RESULTS_DIR / f"{name}.json"
