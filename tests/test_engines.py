@@ -309,6 +309,23 @@ def test_quantize_exclude_regex_and_bad_arguments(onnx_path, calib, tmp_path):
         quantize(onnx_path, CalibrationData([]))
     with pytest.raises(ValueError, match="selects no node"):
         quantize(onnx_path, calib, level="conv", exclude=(".",), out_path=tmp_path / "none.onnx")
+    with pytest.raises(ValueError, match="out_path must differ"):
+        quantize(onnx_path, calib, out_path=onnx_path)
+
+
+def test_quantize_replaces_an_earlier_model_at_its_path(pipe, calib, tmp_path):
+    """layer_sensitivity quantises one group after another to one path; onnx appends to an existing
+    data file, so each model used to grow it by the whole model (the disk filled at 256^2)."""
+    src = export_onnx(pipe.unet, tmp_path / "unet.onnx", external_data=True)
+    out, data = tmp_path / "q.onnx", tmp_path / "q.onnx.data"
+    sizes, outputs = [], []
+    inputs = unet_signature(pipe.unet).example_inputs(2, 16, 16)
+    for _ in range(2):
+        quantize(src, calib, level="conv", method="minmax", out_path=out, max_calibration_records=2)
+        sizes.append(data.stat().st_size)
+        outputs.append(OrtRunner(out)(inputs))
+    assert sizes[0] == sizes[1] and sizes[0] > 0
+    assert torch.equal(outputs[0], outputs[1])
 
 
 # ---------------------------------------------------------------- engine module in a pipeline

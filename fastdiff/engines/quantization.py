@@ -333,6 +333,10 @@ def quantize(
     if out_path is None:
         out_path = onnx_path.with_name(f"{onnx_path.stem}.int8-{level.replace('+', '-')}-{method}.onnx")
     out_path = Path(out_path)
+    if out_path.resolve() == onnx_path.resolve():
+        raise ValueError(
+            f"out_path must differ from onnx_path ({onnx_path}): the float model would be overwritten"
+        )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     external = _has_external_data(onnx_path)
     if reduce_range is None:
@@ -342,7 +346,8 @@ def quantize(
 
     with tempfile.TemporaryDirectory(prefix="fastdiff-quant-") as tmp:
         pre = preprocess(onnx_path, Path(tmp) / "pre.onnx")
-        chosen = list(nodes) if nodes is not None else select_nodes(pre, level, exclude)
+        graph = _load_graph(pre)  # the graph alone (no weights), read once for every question below
+        chosen = list(nodes) if nodes is not None else select_nodes(graph, level, exclude)
         if not chosen:
             raise ValueError(f"level={level!r} with exclude={list(exclude)} selects no node to quantise")
         extra = {
@@ -360,9 +365,9 @@ def quantize(
         }
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
-        reader = _Reader(calibration, _graph_input_names(pre), _graph_input_dtypes(pre))
+        reader = _Reader(calibration, _graph_input_names(graph), _graph_input_dtypes(graph))
         if calibration_cache is not None and Path(calibration_cache).is_file():
-            _check_cache_covers(calibration_cache, activation_tensors(pre, chosen))
+            _check_cache_covers(calibration_cache, activation_tensors(graph, chosen))
         elif method in HISTOGRAM_METHODS:
             # ORT's own calibrator would hold every calibrated tensor of a record at once (OOM at 512^2).
             from onnxruntime.quantization.calibrate import save_tensors_data
@@ -370,19 +375,23 @@ def quantize(
             ranges = histogram_ranges(
                 pre,
                 calibration.records,
-                _graph_input_names(pre),
+                _graph_input_names(graph),
                 op_types=list(_QUANTISABLE_OPS),
                 method=method,
                 symmetric=extra["CalibTensorRangeSymmetric"],
                 percentile=percentile,
                 memory_gb=calibration_memory_gb,
-                dtypes=_graph_input_dtypes(pre),
-                tensors=activation_tensors(pre) | activation_tensors(pre, chosen),
+                dtypes=_graph_input_dtypes(graph),
+                tensors=activation_tensors(graph) | activation_tensors(graph, chosen),
             )
             calibration_cache = (
                 Path(calibration_cache) if calibration_cache is not None else Path(tmp) / "ranges.json"
             )
             save_tensors_data(ranges, calibration_cache)
+        # onnx appends to an existing data file (offsets stay right, the file grows): the sensitivity
+        # sweep rewrote one path per group and filled the disk with 3.4 GB per group at 256^2.
+        for stale in (out_path, out_path.with_name(out_path.name + ".data")):
+            stale.unlink(missing_ok=True)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
                 quantize_static(
