@@ -320,6 +320,9 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(TypeError, match="early_stop"):
         EarlyStop.coerce("yes")
     assert EarlyStop.coerce(True).rtol == EarlyStop().rtol and EarlyStop.coerce(False) is None
+    ff = EarlyStop.coerce({"rtol": 0.1, "patience": 1, "jumps": 3})  # the form a sweep spec can hold
+    assert type(ff) is FastForward and (ff.rtol, ff.patience, ff.jumps) == (0.1, 1, 3)
+    assert type(EarlyStop.coerce({"rtol": 0.1})) is EarlyStop
     with pytest.raises(ValueError, match="must not exceed"):
         AutoSteps(min_steps=20, max_steps=10)
     with pytest.raises(ValueError, match="strength"):

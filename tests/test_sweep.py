@@ -288,6 +288,44 @@ def test_optimize_option_is_applied_for_its_configuration_and_undone_after(tmp_p
     assert base.scheduler.__class__.__name__ != "FastScheduler"  # the sampler swap is undone too
 
 
+def test_fast_forward_in_a_sweep_spec_runs_as_a_direct_call(tmp_path):
+    """early_stop = {..., jumps = N} in a spec is FastForward: each image's NFE equals a direct call's."""
+    from fastdiff.dynamic import FastForward
+    from fastdiff.samplers import make_scheduler
+    from fastdiff.sweep.setup import wrap
+    from fastdiff.testing import tiny_pipeline
+
+    base = tiny_pipeline("sd15")
+    prompts = ["a red circle", "a blue square on a striped background"]
+    options = {"rtol": 0.1, "patience": 1, "jumps": 3}
+    spec = {
+        "pipeline": lambda: base,
+        "prompts": prompts,
+        "seeds": [0],
+        "guidance": 3.0,
+        "metrics": ["nfe"],
+        "configs": [{"name": "ff", "sampler": "dpmpp_2m", "steps": 20, "early_stop": options}],
+    }
+    sweep(spec, tmp_path, progress=False, collate=False)
+    rows = sorted(collate(tmp_path, plots=False).rows, key=lambda r: r["prompt_index"])
+    pipe = wrap(base)
+    own = pipe.scheduler
+    pipe.scheduler = make_scheduler("dpmpp_2m", like=own)
+    try:
+        out = pipe(
+            prompts,
+            num_inference_steps=20,
+            early_stop=FastForward(**options),
+            guidance_scale=3.0,
+            output_type="np",
+            generator=[torch.Generator().manual_seed(0) for _ in prompts],
+        )
+    finally:
+        pipe.scheduler = own
+    assert [r["nfe"] for r in rows] == out.fastdiff.nfe_per_sample
+    assert max(out.fastdiff.nfe_per_sample) < 20, "rows jumped: FastForward ran, not EarlyStop"
+
+
 def test_auto_steps_get_the_prompt_text_and_choose_as_a_direct_call(tmp_path, monkeypatch):
     """steps="auto" can pick step counts from the prompt's words, so the sweep must not hide them behind
     prompt_embeds: the per-image step counts equal a direct pipeline call's. The shipped table gives every

@@ -56,7 +56,10 @@ class EarlyStop(Controller):
 
     @classmethod
     def coerce(cls, value) -> EarlyStop | None:
-        """Accept the forms a pipeline's ``early_stop=`` takes: bool, dict of options or an EarlyStop."""
+        """Accept the forms a pipeline's ``early_stop=`` takes: bool, dict of options or an EarlyStop.
+
+        A dict with ``jumps`` gives a :class:`FastForward` (so sweep specs, which hold only plain values,
+        can run it too); without it an EarlyStop."""
         if value is None or value is False:
             return None
         if value is True:
@@ -64,12 +67,13 @@ class EarlyStop(Controller):
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            unknown = set(value) - {"rtol", "patience", "min_steps", "max_sigma"}
+            unknown = set(value) - {"rtol", "patience", "min_steps", "max_sigma", "jumps"}
             if unknown:
                 raise ValueError(
-                    f"unknown early_stop options {sorted(unknown)}; valid: rtol, patience, min_steps, max_sigma"
+                    f"unknown early_stop options {sorted(unknown)}; valid: rtol, patience, min_steps, "
+                    "max_sigma, and jumps (FastForward)"
                 )
-            return cls(**value)
+            return FastForward(**value) if "jumps" in value else cls(**value)
         raise TypeError(
             f"early_stop must be a bool, a dict of EarlyStop options or an EarlyStop, got {value!r}"
         )

@@ -34,7 +34,8 @@ class StableDiffusionPipeline(FastdiffPipelineMixin, _SDDecode, _DiffusersText2I
     Extra keywords (everything else goes to diffusers):
         steps: int, ``"fast"``/``"balanced"``/``"quality"`` (10/13/20 steps of DPM-Solver++(2M)) or
             ``"auto"`` (the calibrated table's count; see benchmarks/results/dynamic_steps.md).
-        early_stop: True, a dict of :class:`~fastdiff.dynamic.EarlyStop` options, or an EarlyStop.
+        early_stop: True, a dict of :class:`~fastdiff.dynamic.EarlyStop` options (with ``jumps``: a
+            :class:`~fastdiff.dynamic.FastForward`), or an EarlyStop / FastForward.
         draft: an LCM pipeline or LCM U-Net, or ``{"model": ..., "strength": 0.75, "steps": 4}``:
             draft in 1-4 LCM steps, re-noise its x0 to ``strength`` and finish with this model.
         preview_steps: stop after k steps; ``output.images`` is the x0 preview and

@@ -209,7 +209,11 @@ def _check_config(options: dict, key: str) -> None:
         )
     es = options.get("early_stop")
     if es is not None and not isinstance(es, (bool, dict)):
-        raise _err(f"{key}.early_stop", es, "expected true/false or a table of EarlyStop options")
+        raise _err(
+            f"{key}.early_stop",
+            es,
+            "expected true/false or a table of EarlyStop options (with jumps: FastForward)",
+        )
     draft = options.get("draft")
     if draft is not None:
         if not isinstance(draft, dict) or "model" not in draft:
