@@ -101,6 +101,23 @@ def write_results(
     return jpath, mpath
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as results files quote them."""
+    import os
+
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def log_run(log_path, label: str, load_before: str, t0: float) -> None:
+    """Append ``HH:MM:SS label: N s, load before -> after`` to a sweep folder's run log."""
+    import time
+
+    with open(log_path, "a") as f:
+        f.write(
+            f"{time.strftime('%H:%M:%S')} {label}: {time.time() - t0:.0f} s, load {load_before} -> {load_average()}\n"
+        )
+
+
 def time_fn(fn, *, warmup: int = 1, reps: int = 5) -> float:
     """Median wall time of ``fn()`` in seconds (CPU; use triton's do_bench on CUDA)."""
     for _ in range(warmup):

@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
+from benchmarks._common import RESULTS_DIR, env_info, hardware_line, load_average, log_run, markdown_table  # noqa: E402
 from benchmarks._reference import reference_config as _converged_reference  # noqa: E402
 from fastdiff.dynamic import step_calibration as cal  # noqa: E402
 from fastdiff.dynamic.auto_steps import high_frequency_energy, prompt_tier, x0_contrast  # noqa: E402
@@ -720,8 +720,7 @@ def main():
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    t0 = time.time()
+    load, t0 = load_average(), time.time()
     if args.phase == "calibrate":
         calibrate(cache, args.signal)
     elif args.phase in ("heldout", "need"):
@@ -730,11 +729,7 @@ def main():
         (cache / "exact.md").write_text(exact())
     else:
         report(cache, load)
-    end = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    with open(cache / "log.txt", "a") as f:
-        f.write(
-            f"{time.strftime('%H:%M:%S')} {args.phase} {args.only}: {time.time() - t0:.0f} s, load {load} -> {end}\n"
-        )
+    log_run(cache / "log.txt", f"{args.phase} {args.only}", load, t0)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
+from benchmarks._common import RESULTS_DIR, env_info, hardware_line, load_average, log_run, markdown_table  # noqa: E402
 from benchmarks.dynamic_steps import NEED, REFERENCE, _spec, reference_config, seed_from, summarise  # noqa: E402
 
 NAME = "fast_forward_tune"
@@ -242,16 +242,12 @@ def main():
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    load, t0 = " ".join(f"{x:.2f}" for x in os.getloadavg()), time.time()
+    load, t0 = load_average(), time.time()
     if args.phase == "report":
         print(report(cache))
         return
     run(args.phase, cache)
-    end = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    with open(cache / "log.txt", "a") as f:
-        f.write(
-            f"{time.strftime('%Y-%m-%d %H:%M:%S')} {args.phase}: {time.time() - t0:.0f} s, load {load} -> {end}\n"
-        )
+    log_run(cache / "log.txt", args.phase, load, t0)
 
 
 if __name__ == "__main__":

@@ -288,6 +288,20 @@ def test_optimize_option_is_applied_for_its_configuration_and_undone_after(tmp_p
     assert base.scheduler.__class__.__name__ != "FastScheduler"  # the sampler swap is undone too
 
 
+def _one_config_rows(folder, pipe, prompts, config) -> list[dict]:
+    """Sweep one configuration over ``prompts`` (seed 0, guidance 3) and return its rows in prompt order."""
+    spec = {
+        "pipeline": lambda: pipe,
+        "prompts": prompts,
+        "seeds": [0],
+        "guidance": 3.0,
+        "metrics": ["nfe"],
+        "configs": [config],
+    }
+    sweep(spec, folder, progress=False, collate=False)
+    return sorted(collate(folder, plots=False).rows, key=lambda r: r["prompt_index"])
+
+
 def test_fast_forward_in_a_sweep_spec_runs_as_a_direct_call(tmp_path):
     """early_stop = {..., jumps = N} in a spec is FastForward: each image's NFE equals a direct call's."""
     from fastdiff.dynamic import FastForward
@@ -298,16 +312,8 @@ def test_fast_forward_in_a_sweep_spec_runs_as_a_direct_call(tmp_path):
     base = tiny_pipeline("sd15")
     prompts = ["a red circle", "a blue square on a striped background"]
     options = {"rtol": 0.1, "patience": 1, "jumps": 3}
-    spec = {
-        "pipeline": lambda: base,
-        "prompts": prompts,
-        "seeds": [0],
-        "guidance": 3.0,
-        "metrics": ["nfe"],
-        "configs": [{"name": "ff", "sampler": "dpmpp_2m", "steps": 20, "early_stop": options}],
-    }
-    sweep(spec, tmp_path, progress=False, collate=False)
-    rows = sorted(collate(tmp_path, plots=False).rows, key=lambda r: r["prompt_index"])
+    config = {"name": "ff", "sampler": "dpmpp_2m", "steps": 20, "early_stop": options}
+    rows = _one_config_rows(tmp_path, base, prompts, config)
     pipe = wrap(base)
     own = pipe.scheduler
     pipe.scheduler = make_scheduler("dpmpp_2m", like=own)
@@ -344,16 +350,7 @@ def test_auto_steps_get_the_prompt_text_and_choose_as_a_direct_call(tmp_path, mo
         "a red circle",
         "a highly detailed intricate ornate red circle with fine texture and many patterns",
     ]
-    spec = {
-        "pipeline": lambda: base,
-        "prompts": prompts,
-        "seeds": [0],
-        "guidance": 3.0,
-        "metrics": ["nfe"],
-        "configs": [{"name": "auto", "steps": "auto"}],
-    }
-    sweep(spec, tmp_path, progress=False, collate=False)
-    rows = sorted(collate(tmp_path, plots=False).rows, key=lambda r: r["prompt_index"])
+    rows = _one_config_rows(tmp_path, base, prompts, {"name": "auto", "steps": "auto"})
     out = wrap(base)(
         prompts,
         steps="auto",
