@@ -20,15 +20,17 @@ worst image, never pooled), beside attribute accuracy (``fastdiff.metrics``). Ru
 * ``--phase need [--only WORDS]``: the first seed's 72 images: the step grid that measures each image's need,
   ``steps="auto"`` (named with a hash of the table, so a new table is a new row), FastForward with the setting
   ``benchmarks/step_control.py`` chose on fastdiff-tiny (there judged on 24 held-out images, here on 72) and
-  the fixed schedules of its cost (17 and 18 steps, Karras rho 7 and its own rho 5 "variance" schedule). Rows
-  the held-out folder already has for these seeds are copied, not recomputed.
+  the fixed schedules of its cost (17 and 18 steps, Karras rho 7 and its own rho 5 "variance" schedule), and
+  EarlyStop with its defaults on 30 steps beside fixed 26-30. Rows the held-out folder already has for these
+  seeds are copied, not recomputed.
 * ``--phase report``: the results file ``results/dynamic_steps.{json,md}`` (goals met / not met) from the
   folders, with the load average logged by every run.
 * ``--phase exact``: fixed DPM-Solver++(2M) step counts on the exact Gaussian mixture, error against the
   exact probability-flow solution (the equal-cost baseline; no mode of this file applies to the mixture).
 
-Early stop and adaptive step-size controllers are measured in ``benchmarks/step_control.py``. (One file of
-~650 lines: the phases share the configuration names, seeds and folders, which must not drift apart.)
+Controllers are tuned in ``benchmarks/step_control.py`` and ``fast_forward_tune.py``; this file runs the
+pipeline-level modes on the same 72 held-out images. (One file of ~750 lines: the phases share the
+configuration names, seeds and folders, which must not drift apart.)
 
     flock /tmp/fastdiff-heavy.lock python benchmarks/dynamic_steps.py --phase calibrate
     flock /tmp/fastdiff-heavy.lock python benchmarks/dynamic_steps.py --phase heldout --only "fixed 13" LCM
@@ -112,6 +114,14 @@ FAST_FORWARD = {
 }
 # the fixed schedules at its cost: the grid's Karras rho 7 and its own base schedule, shortened
 AT_COST = [*((n, None, {}) for n in (17, 18)), *((n, "karras rho 5 variance", RHO5) for n in (17, 18))]
+# EarlyStop with its defaults on the 30-step default schedule, and the fixed counts it could cost
+EARLY_STOP = {
+    "name": "early stop (defaults, 30 steps)",
+    "sampler": "dpmpp_2m",
+    "steps": 30,
+    "early_stop": True,
+}
+AT_COST += [(n, None, {}) for n in range(26, 31)]
 
 
 # ------------------------------------------------------------------------------------------------ sweeps
@@ -162,6 +172,7 @@ def need_configs() -> list[dict]:
         *at_cost,
         {"name": auto_name(), "steps": "auto"},
         FAST_FORWARD,
+        EARLY_STOP,
     ]
 
 
@@ -428,11 +439,11 @@ def preset_steps(summary: dict, share: float):
 
 def at_cost(summary: dict, nfe: float) -> tuple[list[str], list[str]]:
     """The fixed rows (grid and AT_COST) at the step counts either side of a mean NFE: (below, at or above)."""
-    lo, hi = math.floor(nfe), math.ceil(nfe)
     names = [(n, fixed_name(n)) for n in NEED_GRID] + [(n, fixed_name(n, s)) for n, s, _ in AT_COST]
-    above = [k for n, k in names if n == hi and k in summary]
-    below = [k for n, k in names if n == lo and lo != hi and k in summary]
-    return below, above
+    names = list(dict.fromkeys((n, k) for n, k in names if k in summary))
+    hi = min((n for n, _ in names if n >= nfe), default=None)  # the cheapest fixed count that costs as much
+    lo = max((n for n, _ in names if n < nfe), default=None)
+    return [k for n, k in names if n == lo], [k for n, k in names if n == hi]
 
 
 def report(cache: Path, load: str) -> None:
@@ -472,7 +483,7 @@ def report(cache: Path, load: str) -> None:
     )
     records = need_records(result, "need", cache) if result else []
     autos = sorted((k for k in by_config if k.startswith("auto (")), key=lambda k: k == auto_name())
-    autos += [k for k in by_config if k == FAST_FORWARD["name"]]  # judged the same way
+    autos += [k for k in by_config if k in (FAST_FORWARD["name"], EARLY_STOP["name"])]  # judged the same way
     if records:
         rho = correlations(records)
         needs = [r["need"] for r in records]
@@ -492,10 +503,10 @@ def report(cache: Path, load: str) -> None:
             tr = calib["rho"][s] if calib else float("nan")
             lines.append(f"| {s} | {tr:.3f} | {rho[s]:.3f} |")
         for auto in autos:
-            chosen = {(r["prompt"], r["seed"]): r["steps"] for r in by_config[auto]}
+            chosen = {(r["prompt"], r["seed"]): int(r["nfe"]) for r in by_config[auto]}
             rho_auto = cal.spearman([chosen[(r["prompt"], r["seed"])] for r in records], needs)
             data["heldout_need"].setdefault("spearman_auto_choice", {})[auto] = rho_auto
-            lines.append(f"| steps chosen by {auto} | | {rho_auto:.3f} |")
+            lines.append(f"| NFE per image of {auto} | | {rho_auto:.3f} |")
         sections.append(
             "## Does the complexity signal predict the steps an image needs?\n\n" + "\n".join(lines) + "\n"
         )
@@ -507,7 +518,7 @@ def report(cache: Path, load: str) -> None:
         rows += [
             {"method": k + (" (>= its mean NFE)" if k in above else ""), **summary[k]} for k in above + below
         ]
-        steps = [r["steps"] for r in by_config[auto]]
+        steps = [int(r["nfe"]) for r in by_config[auto]]
         data.setdefault("auto", {})[auto] = {
             "comparator": best,
             "fixed_at_cost": above + below,
@@ -521,7 +532,7 @@ def report(cache: Path, load: str) -> None:
                 else TABLE_NOTES.get(auto.split("table ")[-1].rstrip(")"), "")
             )
             + markdown_table(rows)
-            + "\nSteps run per image: "
+            + "\nNFE per image (images at each count): "
             + ", ".join(f"{n}: {steps.count(n)}" for n in sorted(set(steps)))
             + f"; paired attribute counts (only {auto} right / only {best} right): "
             + paired(by_config[auto], by_config[best])
@@ -617,7 +628,7 @@ def goal_lines(summary: dict, sum_held: dict, data: dict) -> list[str]:
             out.append(f"{auto} uses no signal (one count for every image): nothing to correlate")
             continue
         out.append(
-            f"The steps chosen by {auto} predict the steps a held-out image needs (Spearman rho >= {MIN_RHO}): "
+            f"The NFE per image of {auto} predicts the steps a held-out image needs (Spearman rho >= {MIN_RHO}): "
             f"{_met(rho >= MIN_RHO)} (rho = {rho:.3f})"
         )
     for auto, info in data.get("auto", {}).items():
