@@ -343,6 +343,14 @@ def _pipeline_cases(P, fresh) -> list[Case]:
         Case(
             "pipeline", "early_stop={'bogus': 1}", call(early_stop={"bogus": 1}), E, ("early_stop", "bogus")
         ),
+        Case("pipeline", "early_stop={'jumps': 0}", call(early_stop={"jumps": 0}), ValueError, ("jumps",)),
+        Case(
+            "pipeline",
+            "early_stop with jumps on a scheduler that cannot jump",
+            call(early_stop={"rtol": 0.1, "jumps": 3}),
+            TypeError,
+            ("FastForward", "make_scheduler"),
+        ),
         Case("pipeline", "preview_steps=0", call(preview_steps=0), ValueError, ("preview_steps",)),
         Case("pipeline", "preview_steps=1.5", call(preview_steps=1.5), ValueError, ("preview_steps",)),
         Case(

@@ -436,6 +436,24 @@ def test_jump_decisions_are_validated_and_need_a_reschedulable_scheduler():
         )
 
 
+def test_fast_forward_refuses_a_scheduler_that_cannot_jump_before_any_evaluation():
+    """Regression: with a diffusers scheduler FastForward failed only when a row first converged (after
+    some evaluations), and a run where no row converged passed, so the same call failed or not by data."""
+    mu, s, x = gaussian_case()
+    calls = []
+
+    def model(x_, t):
+        calls.append(t)
+        return GaussianRows(mu, s, dpm())(x_, t)
+
+    for ctl in (FastForward(rtol=1e-12), FastForward(rtol=0.5, patience=1, min_steps=1, max_sigma=None)):
+        with pytest.raises(
+            TypeError, match=r"FastForward replaces rows' remaining schedules.*make_scheduler"
+        ):
+            sample(model, x, scheduler=dpm(), num_inference_steps=8, controller=ctl)
+    assert calls == [], "refused before the first model evaluation"
+
+
 def _ode_to(mixture_model, x_vp, sigma_end):
     """Independent reference: the probability-flow ODE (scipy DOP853, float64) from sigma_max to sigma_end,
     then the x0 read-out the sampler also ends with (the denoiser at sigma_end)."""

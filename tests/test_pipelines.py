@@ -188,6 +188,19 @@ def test_refining_the_same_preview_twice_starts_from_the_preview(sd):
     np.testing.assert_allclose(final.images, sd(PROMPTS, generator=gen(), **kw).images, atol=1e-5)
 
 
+def test_fast_forward_with_a_scheduler_that_cannot_jump_fails_before_the_unet_runs(sd):
+    from fastdiff.pipelines.unet_calls import UNetCalls
+
+    with UNetCalls(sd.unet) as calls:
+        with pytest.raises(TypeError, match=r"DDIMScheduler cannot do"):
+            sd("a red circle", num_inference_steps=8, early_stop={"rtol": 0.1, "jumps": 3}, generator=gen())
+    assert calls.calls == 0 and sd.fastdiff_record is None
+    out = sd(
+        "a red circle", steps="fast", early_stop={"rtol": 0.1, "jumps": 3}, output_type="np", generator=gen()
+    )
+    assert out.fastdiff.nfe <= 10, "a preset runs fastdiff's default sampler, which can jump"
+
+
 def test_draft_strength_leaving_no_refine_step_fails_before_the_draft_runs(sd):
     # regression (#10): the error came only after the draft model had run
     from fastdiff.pipelines.unet_calls import UNetCalls

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fastdiff.dynamic.adapters import check_scheduler
+from fastdiff.dynamic.adapters import Reschedulable, check_scheduler
 from fastdiff.dynamic.protocols import Controller
 
 __all__ = ["NONFINITE", "check_inputs", "check_stop_after", "steps_per_row"]
@@ -23,6 +23,17 @@ def check_stop_after(stop_after) -> None:
     ):
         raise ValueError(
             f"stop_after must be an int >= 0 (steps before pausing; 0: before the first) or None, got {stop_after!r}"
+        )
+
+
+def check_can_jump(controller, scheduler) -> None:
+    """A controller that reschedules rows (``reschedules = True``, e.g. FastForward) needs a scheduler that can
+    replace its remaining levels: refused up front, not when the first row converges."""
+    if getattr(controller, "reschedules", False) and not isinstance(scheduler, Reschedulable):
+        raise TypeError(
+            f"{type(controller).__name__} replaces rows' remaining schedules, which {type(scheduler).__name__} "
+            "cannot do (fastdiff.dynamic.adapters.Reschedulable); use a fastdiff.samplers.make_scheduler(...) "
+            "scheduler"
         )
 
 

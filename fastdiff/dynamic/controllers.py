@@ -113,6 +113,8 @@ class FastForward(EarlyStop):
     ``jumps`` steps left continues unchanged. Needs a reschedulable scheduler (``make_scheduler``'s).
     """
 
+    reschedules = True  # sample() checks the scheduler can jump before the first model evaluation
+
     def __init__(
         self,
         rtol: float = 0.01,

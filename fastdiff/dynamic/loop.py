@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fastdiff.dynamic.adapters import SchedulerAdapter, check_step_kwargs
-from fastdiff.dynamic.checks import check_inputs, check_stop_after, steps_per_row
+from fastdiff.dynamic.checks import check_can_jump, check_inputs, check_stop_after, steps_per_row
 from fastdiff.dynamic.protocols import Controller, StepChoice, StepPlanner
 from fastdiff.dynamic.records import SampleResult
 from fastdiff.dynamic.tick import RowsHook, SampleState, Track, notify, tick
@@ -160,6 +160,7 @@ def start(
     base = scheduler if isinstance(scheduler, SchedulerAdapter) else SchedulerAdapter(scheduler)
     check_step_kwargs(base.scheduler, {} if step_kwargs is None else step_kwargs)
     base.step_kwargs.update(step_kwargs or {})
+    check_can_jump(controller, base.scheduler)
     if base.self_scheduling and num_inference_steps is not None:
         raise ValueError(
             f"{type(base.scheduler).__name__} chooses its own steps (from its tolerance); pass "

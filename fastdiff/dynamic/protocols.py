@@ -4,7 +4,9 @@
   to continue, to stop (e.g. :class:`~fastdiff.dynamic.EarlyStop`: the row returns its x0 prediction and
   leaves the batch) or to jump, i.e. to finish on a new, shorter tail of noise levels (e.g.
   :class:`~fastdiff.dynamic.FastForward`). A controller that only stops overrides ``should_stop``; one that
-  reschedules overrides ``decide``.
+  reschedules overrides ``decide`` and sets the class attribute ``reschedules = True``, so that
+  :func:`~fastdiff.dynamic.sample` refuses a scheduler that cannot jump before any model evaluation
+  (instead of only when some row first converges).
 * A :class:`StepPlanner` chooses each row's schedule length after a short probe (e.g.
   :class:`~fastdiff.dynamic.AutoSteps`): the loop runs ``probe_steps`` steps of a ``probe_schedule``-step
   schedule, hands the x0 prediction to :meth:`StepPlanner.choose` and continues every row on its chosen

@@ -21,6 +21,7 @@ import time
 import torch
 
 from fastdiff.caching.pipeline import begin_call, finish_call
+from fastdiff.dynamic.checks import check_can_jump
 from fastdiff.dynamic.draft import draft_and_refine
 from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.presets import default_scheduler
@@ -103,6 +104,8 @@ class FastdiffPipelineMixin:
         )
         runs = default_scheduler(like=self.scheduler) if plan and plan.use_default_sampler else self.scheduler
         check_eta(kwargs, runs)
+        if plan is not None:
+            check_can_jump(plan.controller, runs)
         if plan is None:
             return self._fastdiff_passthrough(args, kwargs)
         return self._fastdiff_run(plan, runs)
