@@ -12,7 +12,7 @@ import torch
 from fastdiff.dynamic.adapters import Reschedulable, check_scheduler
 from fastdiff.dynamic.protocols import Controller
 
-__all__ = ["NONFINITE", "check_inputs", "check_stop_after", "steps_per_row"]
+__all__ = ["NONFINITE", "check_can_jump", "check_inputs", "check_stop_after", "steps_per_row"]
 
 NONFINITE = ("raise", "warn")
 

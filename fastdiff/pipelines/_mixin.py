@@ -104,10 +104,9 @@ class FastdiffPipelineMixin:
         )
         runs = default_scheduler(like=self.scheduler) if plan and plan.use_default_sampler else self.scheduler
         check_eta(kwargs, runs)
-        if plan is not None:
-            check_can_jump(plan.controller, runs)
         if plan is None:
             return self._fastdiff_passthrough(args, kwargs)
+        check_can_jump(plan.controller, runs)  # before diffusers' preparation runs the text encoder
         return self._fastdiff_run(plan, runs)
 
     def refine(
