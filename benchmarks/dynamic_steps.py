@@ -437,13 +437,24 @@ def preset_steps(summary: dict, share: float):
     return None
 
 
-def at_cost(summary: dict, nfe: float) -> tuple[list[str], list[str]]:
-    """The fixed rows (grid and AT_COST) at the step counts either side of a mean NFE: (below, at or above)."""
-    names = [(n, fixed_name(n)) for n in NEED_GRID] + [(n, fixed_name(n, s)) for n, s, _ in AT_COST]
+def at_cost(summary: dict, nfe: float, names=None) -> tuple[list[str], list[str]]:
+    """The fixed rows at the cheapest step count that costs at least a mean NFE, and at the next cheaper one:
+    (below, at or above). ``names``: (steps, row name) pairs to choose from; default the grid and AT_COST."""
+    if names is None:
+        names = [(n, fixed_name(n)) for n in NEED_GRID] + [(n, fixed_name(n, s)) for n, s, _ in AT_COST]
     names = list(dict.fromkeys((n, k) for n, k in names if k in summary))
     hi = min((n for n, _ in names if n >= nfe), default=None)  # the cheapest fixed count that costs as much
     lo = max((n for n, _ in names if n < nfe), default=None)
     return [k for n, k in names if n == lo], [k for n, k in names if n == hi]
+
+
+def beats_every(summary: dict, mode: str, fixed) -> bool:
+    """Issue #12's G1 test: worst-image PSNR higher and attribute accuracy no lower than each of ``fixed``
+    (False when there is no fixed row to compare with)."""
+    a = summary[mode]
+    return bool(fixed) and all(
+        a["PSNR worst"] > summary[f]["PSNR worst"] and a["attr all"] >= summary[f]["attr all"] for f in fixed
+    )
 
 
 def report(cache: Path, load: str) -> None:
@@ -634,7 +645,7 @@ def goal_lines(summary: dict, sum_held: dict, data: dict) -> list[str]:
     for auto, info in data.get("auto", {}).items():
         a = summary[auto]
         fixed = {k: summary[k] for k in info["fixed_at_cost"] if summary[k]["mean NFE"] >= a["mean NFE"]}
-        ok = all(a["PSNR worst"] > f["PSNR worst"] and a["attr all"] >= f["attr all"] for f in fixed.values())
+        ok = beats_every(summary, auto, fixed)
         out.append(
             f"{auto} beats every fixed schedule of its mean NFE, rounded up (worst-image PSNR higher, attribute "
             f"accuracy no lower): {_met(ok)} ({a['mean NFE']} NFE: worst {a['PSNR worst']} dB, attributes "

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import sys
 import time
@@ -35,7 +34,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS_DIR, env_info, hardware_line, load_average, log_run, markdown_table  # noqa: E402
-from benchmarks.dynamic_steps import NEED, REFERENCE, _spec, reference_config, seed_from, summarise  # noqa: E402
+from benchmarks.dynamic_steps import (  # noqa: E402
+    NEED,
+    REFERENCE,
+    _spec,
+    beats_every,
+    reference_config,
+    seed_from,
+    summarise,
+)
+from benchmarks.dynamic_steps import at_cost as ds_at_cost  # noqa: E402
 
 NAME = "fast_forward_tune"
 TRAIN = ({"tiny": "train", "n": 72, "seed": 13}, [7000])
@@ -88,25 +96,28 @@ def summaries(folder: Path) -> dict:
 
 
 def at_cost(summary: dict, nfe: float) -> list[str]:
-    """Fixed rows at a mean NFE rounded up (the cheapest fixed runs that cost at least as much)."""
-    return [fixed_name(math.ceil(nfe), s) for s in SCHEDULES if fixed_name(math.ceil(nfe), s) in summary]
+    """Fixed rows at the cheapest step count that costs at least ``nfe`` (both schedules)."""
+    return ds_at_cost(summary, nfe, [(n, fixed_name(n, s)) for s in SCHEDULES for n in FIXED_STEPS])[1]
 
 
 def beats(summary: dict, name: str) -> bool:
-    a, fixed = summary[name], at_cost(summary, summary[name]["mean NFE"])
-    return bool(fixed) and all(
-        a["PSNR worst"] > summary[f]["PSNR worst"] and a["attr all"] >= summary[f]["attr all"] for f in fixed
-    )
+    return beats_every(summary, name, at_cost(summary, summary[name]["mean NFE"]))
 
 
-def choose(summary: dict) -> str | None:
-    """The rule of the module docstring, on the training summary."""
+def qualified(summary: dict) -> list[str]:
+    """FastForward settings meeting the rule's conditions on ``summary``, best worst image (then fewest NFE) first."""
     ok = [
         k
         for k in summary
         if k.startswith("fast-forward") and summary[k]["mean NFE"] <= MAX_NFE and beats(summary, k)
     ]
-    return max(ok, key=lambda k: (summary[k]["PSNR worst"], -summary[k]["mean NFE"])) if ok else None
+    return sorted(ok, key=lambda k: (-summary[k]["PSNR worst"], summary[k]["mean NFE"]))
+
+
+def choose(summary: dict) -> str | None:
+    """The rule of the module docstring, on the training summary."""
+    ok = qualified(summary)
+    return ok[0] if ok else None
 
 
 def heldout_configs(chosen: str) -> list[dict]:
@@ -146,15 +157,8 @@ def _worst_drops(summary: dict, biggest: bool = False):
 
 def report(cache: Path) -> str:
     train, held = summaries(cache / "train"), summaries(cache / "heldout")
-    chosen = choose(train)
-    qualified = sorted(
-        (
-            k
-            for k in train
-            if k.startswith("fast-forward") and train[k]["mean NFE"] <= MAX_NFE and beats(train, k)
-        ),
-        key=lambda k: -train[k]["PSNR worst"],
-    )
+    passed = qualified(train)
+    chosen = passed[0] if passed else None  # what choose() picks
     goals = []
     if chosen and chosen in held:
         a, fixed = held[chosen], at_cost(held, held[chosen]["mean NFE"])
@@ -198,8 +202,8 @@ def report(cache: Path) -> str:
         "",
         *(f"- {g}" for g in goals),
         "",
-        f"Settings meeting the rule on the training images ({len(qualified)} of {len(grid)}): "
-        + (", ".join(qualified) if qualified else "none")
+        f"Settings meeting the rule on the training images ({len(passed)} of {len(grid)}): "
+        + (", ".join(passed) if passed else "none")
         + f". Chosen: {chosen or 'none'}.",
         "",
     ]
@@ -226,7 +230,7 @@ def report(cache: Path) -> str:
         "load": log,
         "goals": goals,
         "chosen": chosen,
-        "qualified": qualified,
+        "qualified": passed,
         "train": train,
         "heldout": held,
     }
