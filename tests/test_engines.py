@@ -802,8 +802,9 @@ def test_minmax_ranges_cover_every_record_in_any_order(onnx_path, calib, tmp_pat
 def test_grouped_histogram_calibration_gives_onnx_runtimes_ranges(
     onnx_path, calib, tmp_path, monkeypatch, method, symmetric
 ):
-    """fastdiff calibrates ORT's tensors a group at a time (bounded memory); the ranges must be the
-    ones ORT's own calibrator computes with every tensor in one session, record by record."""
+    """fastdiff calibrates ORT's tensors a group at a time and a sample at a time (bounded memory);
+    the ranges must be the ones ORT's own calibrator computes with every tensor in one session, record
+    by record, up to float rounding."""
     import contextlib
     import io
 
@@ -844,14 +845,20 @@ def test_grouped_histogram_calibration_gives_onnx_runtimes_ranges(
     import onnxruntime
 
     arenas = []  # the arena kept a 512^2 group's largest intermediates reserved (20 GB peak, 14.5 without)
+    batches = set()  # one sample per run: the attention intermediates shrink with the batch
     real_session = onnxruntime.InferenceSession
-    monkeypatch.setattr(
-        onnxruntime,
-        "InferenceSession",
-        lambda path, options, **kw: (
-            arenas.append(options.enable_cpu_mem_arena) or real_session(path, options, **kw)
-        ),
-    )
+
+    class Session:
+        def __init__(self, path, options, **kw):
+            arenas.append(options.enable_cpu_mem_arena)
+            self.inner = real_session(path, options, **kw)
+            self.get_inputs = self.inner.get_inputs
+
+        def run(self, outputs, feed):
+            batches.update(feed[n].shape[0] for n in ("sample", "encoder_hidden_states") if n in feed)
+            return self.inner.run(outputs, feed)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Session)
     for memory_gb in (1e-6, 10.0):  # one tensor per group, then all in one
         got = ort_calibration.histogram_ranges(
             pre,
@@ -864,11 +871,14 @@ def test_grouped_histogram_calibration_gives_onnx_runtimes_ranges(
         )
         assert set(got.keys()) == set(expected.keys()) and len(expected.keys()) > 20
         for name in expected.keys():
-            assert np.array_equal(
-                np.asarray(got[name].range_value), np.asarray(expected[name].range_value)
-            ), name
+            # Batch-1 kernels round differently from ORT's batch-2 session: 114 of 191 ranges moved
+            # by at most 9.6e-7 of their size. A grouping or collection error moves them by far more.
+            want = np.asarray(expected[name].range_value)
+            got_range = np.asarray(got[name].range_value)
+            assert np.abs(got_range - want).max() <= 4e-6 * np.abs(want).max(), name
     assert len(groups[0]) > len(expected.keys()) // 2 and len(groups[1]) == 1  # tiny tensors may share
     assert arenas and not any(arenas)
+    assert records[0]["sample"].shape[0] == 2 and batches == {1}
     with pytest.raises(ValueError, match="memory_gb must be positive"):
         ort_calibration.histogram_ranges(pre, records, names, op_types=_QUANTISABLE_OPS, memory_gb=0)
 
@@ -990,6 +1000,38 @@ def test_calibration_groups_stay_within_the_budget():
     sizes = {"a": 4, "b": 4, "c": 9, "d": 1}
     assert group_by_bytes(["a", "b", "c", "d", "e"], sizes, 8) == [["a", "b"], ["c"], ["d"], ["e"]]
     assert group_by_bytes(["a", "b", "c", "d"], sizes, 100) == [["a", "b", "c", "d"]]
+
+
+def test_calibration_runs_one_sample_at_a_time_along_the_graphs_batch_axis(onnx_path):
+    """The inputs on the first input's symbolic batch axis are cut into views, one per sample; the
+    others (a scalar timestep) go whole to every part; disagreeing batch sizes are not cut."""
+    from fastdiff.engines.ort_calibration import batch_inputs, per_sample
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    batched = batch_inputs(model)
+    assert {"sample", "encoder_hidden_states"} <= batched
+    x, ctx, t = np.random.randn(3, 4, 8, 8), np.random.randn(3, 7, 16), np.asarray(5.0)
+    parts = per_sample(
+        {"sample": x, "encoder_hidden_states": ctx, "timestep": t}, {"sample", "encoder_hidden_states"}
+    )
+    assert len(parts) == 3
+    for i, part in enumerate(parts):
+        assert np.array_equal(part["sample"], x[i : i + 1]) and np.shares_memory(part["sample"], x)
+        assert np.array_equal(part["encoder_hidden_states"], ctx[i : i + 1]) and part["timestep"] is t
+    assert (
+        len(per_sample({"sample": x, "encoder_hidden_states": ctx[:2]}, {"sample", "encoder_hidden_states"}))
+        == 1
+    )
+    assert len(per_sample({"sample": x[:1]}, {"sample"})) == 1
+    static = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Identity", ["x"], ["y"])],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+        )
+    )
+    assert batch_inputs(static) == set()
 
 
 # ---------------------------------------------------------------- TensorRT fixes (no TensorRT here: stand-ins)

@@ -5,11 +5,15 @@ through that one session, so one record's activations at every quantised layer a
 full SD1.5 U-Net at 512^2 passed 22.7 GB on its first record on a 24 GB machine and was killed
 (benchmarks/results/engines-cpu-goals.md). A tensor's histogram depends only on that tensor's values,
 record after record, so calibrating the tensors in groups whose outputs fit ``memory_gb``, feeding the
-records in the same order to every group, gives ORT's ranges exactly (tests/test_engines.py compares
-them) while one group's outputs are alive. Each group runs a pruned copy of the graph (the nodes its
+records in the same order to every group, gives ORT's ranges (tests/test_engines.py compares them)
+while one group's outputs are alive. Each group runs a pruned copy of the graph (the nodes its
 tensors need, in topological order, so early groups run a prefix) that references the model's weight
-file instead of copying it. ORT's ``HistogramCollector`` does the statistics; min-max calibration
-reduces inside the graph already and stays with ORT.
+file instead of copying it. A record runs one sample at a time (the two halves of classifier-free
+guidance separately), which halves the attention intermediates; its samples' values still reach the
+histogram in one call, so only float rounding of batch-1 kernels separates the ranges from ORT's (at
+most 1e-6 of a range in the test).
+ORT's ``HistogramCollector`` does the statistics; min-max calibration reduces inside the graph
+already and stays with ORT.
 
 What decides memory and time at 512^2, measured (benchmarks/results/engines-cpu-build-profile-ort-int8-512*):
 groups are sized from shapes that ONNX Runtime's symbolic inference resolves (ONNX's own left most
@@ -111,6 +115,25 @@ def group_by_bytes(names: Sequence[str], sizes: Mapping[str, int], budget: int) 
     return groups + ([current] if current else [])
 
 
+def batch_inputs(model) -> set[str]:
+    """Graph inputs whose first axis is the first input's symbolic batch axis (none if it is static)."""
+    inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    dims = [i.type.tensor_type.shape.dim for i in inputs]
+    if not inputs or not dims[0] or not dims[0][0].dim_param:
+        return set()
+    return {i.name for i, d in zip(inputs, dims) if d and d[0].dim_param == dims[0][0].dim_param}
+
+
+def per_sample(feed: Mapping[str, np.ndarray], batched: Collection[str]) -> list[dict[str, np.ndarray]]:
+    """``feed`` cut into one feed per sample along the batch axis of the ``batched`` inputs (views,
+    no copies); the other inputs go to every part. A feed whose batched inputs disagree on the batch
+    size is returned whole."""
+    sizes = {feed[n].shape[0] for n in batched if n in feed and feed[n].ndim}
+    if len(sizes) != 1 or (size := sizes.pop()) < 2:
+        return [dict(feed)]
+    return [{n: v[i : i + 1] if n in batched and v.ndim else v for n, v in feed.items()} for i in range(size)]
+
+
 def pruned_graph(model, outputs: Sequence[str]):
     """Copy of ``model`` whose outputs are ``outputs``, keeping only the nodes and initializers they need."""
     import onnx
@@ -193,6 +216,7 @@ def histogram_ranges(
         model, {n: tuple(first[n].shape) for n in input_names if n in first}, model_path.parent
     )
     groups = group_by_bytes(names, sizes, int(memory_gb * 2**30))
+    batched = batch_inputs(model)
     # ORT's defaults for these calibrators (create_calibrator): percentile 2048 bins; entropy 128 / 128.
     bins = {"percentile": (2048, 2048), "entropy": (128, 128)}[method]
     collector = HistogramCollector(
@@ -224,10 +248,16 @@ def histogram_ranges(
                 if missing:
                     raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(record)}")
                 feed = {n: np.asarray(record[n].numpy(), dtype=dtypes.get(n, "float32")) for n in feeds}
-                values = session.run(group, feed)
+                # One sample at a time: the transient intermediates (attention scores, 1 GB per sample
+                # at 512^2) shrink with the batch, while the outputs of all samples are collected
+                # together, so each tensor's histogram sees the record's values in one call, as ORT's.
+                outputs = [session.run(group, piece) for piece in per_sample(feed, batched)]
                 with contextlib.redirect_stdout(io.StringIO()):  # the collector prints a line per call
-                    collector.collect({n: [v] for n, v in zip(group, values)})
-                del values  # else this group's outputs stay alive while the next record or group runs
+                    for j, name in enumerate(group):  # a tensor at a time: its copies are the only ones
+                        collector.collect({name: [out[j] for out in outputs]})
+                        for out in outputs:
+                            out[j] = None
+                del outputs  # else this group's outputs stay alive while the next record or group runs
                 bar.update()
             del session
     kind = {"percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[method]
