@@ -101,6 +101,17 @@ def write_results(
     return jpath, mpath
 
 
+def rss_split_gb() -> dict:
+    """This process's VmRSS split into anonymous memory (RssAnon) and mapped file pages (RssFile), GiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(value.split()[0]) / 2**20
+    return out
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages, as results files quote them."""
     import os

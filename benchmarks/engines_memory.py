@@ -41,21 +41,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, env_info, write_results  # noqa: E402
+from _common import RESULTS_DIR, env_info, rss_split_gb, write_results  # noqa: E402
 from engines_cpu import PeakRSS, _rss  # noqa: E402
 
 from fastdiff.engines.cpu import cpu_model, engine_flags  # noqa: E402
-
-
-def _status_gb() -> dict:
-    """VmRSS split into anonymous memory and mapped file pages (the IR's weights are mmap'd)."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(value.split()[0]) / 2**20
-    return out
 
 
 def _timeline(path: Path, stop: threading.Event, t0: float, what: str, peak: dict):
@@ -63,7 +52,7 @@ def _timeline(path: Path, stop: threading.Event, t0: float, what: str, peak: dic
     (so a run cut short by its slot still leaves a lower bound)."""
     last = 0.0
     while not stop.wait(0.2):
-        now = _status_gb()
+        now = rss_split_gb()  # the IR's weights are mmap'd: file pages
         if now.get("VmRSS", 0) > peak.get("VmRSS", 0):
             peak.update(now, at_s=time.perf_counter() - t0)
         if time.perf_counter() - last >= 10:

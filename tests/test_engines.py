@@ -883,6 +883,64 @@ def test_grouped_histogram_calibration_gives_onnx_runtimes_ranges(
         ort_calibration.histogram_ranges(pre, records, names, op_types=_QUANTISABLE_OPS, memory_gb=0)
 
 
+def test_calibration_runs_on_the_callers_weights_where_they_equal_the_file(
+    pipe, calib, tmp_path, monkeypatch
+):
+    """compile_engine holds the U-Net while it calibrates; sessions must run on its weights (no second
+    copy) where they equal the export's data file (over 2 GB), and on the file where they do not."""
+    import onnxruntime
+
+    from fastdiff.engines import ort_calibration
+    from fastdiff.engines.quantization import _QUANTISABLE_OPS, _graph_input_names, preprocess
+
+    src = export_onnx(pipe.unet, tmp_path / "unet.onnx", external_data=True)
+    pre = preprocess(src, tmp_path / "pre.onnx")
+    records = list(calib.subset(2).records)
+    names = _graph_input_names(pre)
+
+    def ranges(weights):
+        got = ort_calibration.histogram_ranges(
+            pre, records, names, op_types=_QUANTISABLE_OPS, weights=weights
+        )
+        return {n: np.asarray(got[n].range_value) for n in got.keys()}
+
+    baseline = ranges(None)
+    views = export_mod.weight_views(pipe.unet)
+    given = {}  # initializer name -> data pointer ORT was handed
+
+    class Options(onnxruntime.SessionOptions):
+        def add_initializer(self, name, value):
+            given[name] = value.data_ptr()
+            super().add_initializer(name, value)
+
+    monkeypatch.setattr(onnxruntime, "SessionOptions", Options)
+    external = {  # the U-Net's tensors in the data file (small ones stay in the graph, MatMuls transposed)
+        i.name
+        for i in onnx.load(str(pre), load_external_data=False).graph.initializer
+        if i.data_location == onnx.TensorProto.EXTERNAL and i.name in views
+    }
+    assert len(external) > 40
+    poisoned = {**views, "unet.conv_in.weight": views["unet.conv_in.weight"] + 1e-3}
+    for weights in (views, poisoned):
+        given.clear()
+        got = ranges(weights)
+        assert all(np.array_equal(got[n], baseline[n]) for n in baseline)
+        assert set(given) == external - ({"unet.conv_in.weight"} if weights is poisoned else set())
+        assert all(given[n] == weights[n].ctypes.data for n in given)  # no copy
+
+    # The sessions compute with the arrays handed over: doubling one after the check moves the ranges.
+    copies = {n: a.copy() for n, a in views.items()}
+    real = ort_calibration.external_matches
+
+    def then_double(*a, **kw):
+        found = real(*a, **kw)
+        found["unet.conv_in.weight"] *= 2
+        return found
+
+    monkeypatch.setattr(ort_calibration, "external_matches", then_double)
+    assert any(not np.array_equal(a, baseline[n]) for n, a in ranges(copies).items())
+
+
 def test_calibration_sizes_every_tensor_as_onnx_runtime_allocates_it(pipe, calib, tmp_path):
     """Groups are sized from inferred shapes; ONNX's inference left most U-Net activations unsized
     (Shape/Reshape arithmetic), so a 1 GB budget fetched 2.4 GB at 512^2. Every calibrated tensor must

@@ -88,6 +88,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
                 calibration_memory_gb=spec.quant.calibration_memory_gb,
                 activation_type="int8" if symmetric else "uint8",
                 out_path=tmp / "unet.int8.onnx",
+                weights=_export.weight_views(unet),  # calibrate on the caller's copy, not a second one
             )
             bar.update()
         bar.set_postfix_str(

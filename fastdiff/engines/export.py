@@ -53,6 +53,22 @@ class FlatUNet(nn.Module):
         return self.unet(**kwargs, return_dict=False)[0]
 
 
+def weight_views(unet: nn.Module) -> dict:
+    """The U-Net's float32 CPU parameters and buffers as numpy arrays sharing their memory, under the
+    initializer names :func:`export_onnx` gives them (``FlatUNet`` holds the U-Net as ``unet``).
+
+    ONNX Runtime calibration runs on these instead of mapping a second copy of the weights from the
+    export's data file (:func:`~fastdiff.engines.ort_calibration.histogram_ranges` uses only those
+    equal to the file's bytes: transposed or folded weights keep their own).
+    """
+    tensors = {**dict(unet.named_parameters()), **dict(unet.named_buffers())}
+    return {
+        f"unet.{name}": t.detach().numpy()
+        for name, t in tensors.items()
+        if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+    }
+
+
 def _dynamic_axes(signature: UNetSignature, dynamic: Sequence[str]) -> dict[str, dict[int, str]]:
     unknown = set(dynamic) - set(_VALID_DYNAMIC)
     if unknown:

@@ -8,10 +8,10 @@ record after record, so calibrating the tensors in groups whose outputs fit ``me
 records in the same order to every group, gives ORT's ranges (tests/test_engines.py compares them)
 while one group's outputs are alive. Each group runs a pruned copy of the graph (the nodes its
 tensors need, in topological order, so early groups run a prefix) that references the model's weight
-file instead of copying it. A record runs one sample at a time (the two halves of classifier-free
-guidance separately), which halves the attention intermediates; its samples' values still reach the
-histogram in one call, so only float rounding of batch-1 kernels separates the ranges from ORT's (at
-most 1e-6 of a range in the test).
+file instead of copying it, or the caller's copy of the weights where they are equal. A record runs
+one sample at a time (the two halves of classifier-free guidance separately), which halves the
+attention intermediates; its samples' values still reach the histogram in one call, so only float
+rounding of batch-1 kernels separates the ranges from ORT's (at most 1e-6 of a range in the test).
 ORT's ``HistogramCollector`` does the statistics; min-max calibration reduces inside the graph
 already and stays with ORT.
 
@@ -134,6 +134,42 @@ def per_sample(feed: Mapping[str, np.ndarray], batched: Collection[str]) -> list
     return [{n: v[i : i + 1] if n in batched and v.ndim else v for n, v in feed.items()} for i in range(size)]
 
 
+def external_matches(
+    model, weights: Mapping[str, np.ndarray], base_dir: str | Path, chunk_bytes: int = 1 << 24
+) -> dict[str, np.ndarray]:
+    """The arrays of ``weights`` equal, byte for byte, to the external-data initializer of the same
+    name in ``model`` (read from files in ``base_dir`` a chunk at a time, so the check maps nothing)."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    matches, buffer = {}, bytearray(chunk_bytes)
+    for init in model.graph.initializer:
+        array = weights.get(init.name)
+        if (
+            array is None
+            or not uses_external_data(init)
+            or init.data_type != onnx.TensorProto.FLOAT
+            or array.dtype != np.float32
+            or tuple(array.shape) != tuple(init.dims)
+        ):
+            continue
+        info = ExternalDataInfo(init)
+        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if info.length not in (None, flat.size):
+            continue
+        with open(Path(base_dir) / info.location, "rb") as f:
+            f.seek(info.offset or 0)
+            pos = 0
+            while pos < flat.size:
+                got = f.readinto(memoryview(buffer)[: min(chunk_bytes, flat.size - pos)])
+                if not got or not np.array_equal(np.frombuffer(buffer, np.uint8, got), flat[pos : pos + got]):
+                    break
+                pos += got
+        if pos == flat.size:
+            matches[init.name] = array
+    return matches
+
+
 def pruned_graph(model, outputs: Sequence[str]):
     """Copy of ``model`` whose outputs are ``outputs``, keeping only the nodes and initializers they need."""
     import onnx
@@ -178,6 +214,7 @@ def histogram_ranges(
     memory_gb: float = 1.0,
     dtypes: Mapping[str, str] | None = None,
     tensors: Collection[str] | None = None,
+    weights: Mapping[str, np.ndarray] | None = None,
 ):
     """ORT's ``TensorsData`` for ``method`` ("percentile" or "entropy") over ``records``, as
     ``quantize_static`` would compute it with ``CalibStridedMinMax=1``, holding at most about
@@ -187,6 +224,10 @@ def histogram_ranges(
     graphs are written next to it and reference that file). ``tensors`` limits the calibration to
     those of ORT's tensors (``None``: all of them, as ORT): ``quantize`` leaves out the attention
     matmuls' activations, which no level quantises and which are the largest (1 GB each at 512^2).
+    ``weights`` (name -> array, e.g. :func:`~fastdiff.engines.export.weight_views` of the U-Net the
+    graph was exported from): those equal to an initializer's bytes in the data file are given to the
+    sessions in place of that initializer, so a caller that holds the U-Net holds one copy of them, not
+    two (2.5 GB of full SD1.5's 3.4 GB are convolution weights the export keeps as they are).
     """
     import onnx
     import onnxruntime as ort
@@ -217,6 +258,7 @@ def histogram_ranges(
     )
     groups = group_by_bytes(names, sizes, int(memory_gb * 2**30))
     batched = batch_inputs(model)
+    shared = external_matches(model, weights, model_path.parent) if weights else {}
     # ORT's defaults for these calibrators (create_calibrator): percentile 2048 bins; entropy 128 / 128.
     bins = {"percentile": (2048, 2048), "entropy": (128, 128)}[method]
     collector = HistogramCollector(
@@ -227,17 +269,30 @@ def histogram_ranges(
         percentile=percentile,
         scenario="same",
     )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT's calibrator
-    # Without the arena each intermediate is freed when consumed: with it, the unoptimised graph's peak
-    # (attention maps at 512^2) stayed reserved and a late group's session reached 20 GB in all.
-    options.enable_cpu_mem_arena = False
     bar = tqdm(total=len(groups) * len(records), desc="fastdiff ORT calibration", unit="record", leave=False)
     with bar:
         for k, group in enumerate(groups):
             bar.set_postfix_str(f"tensor group {k + 1}/{len(groups)}")
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT's
+            # Without the arena each intermediate is freed when consumed: with it, the unoptimised
+            # graph's peak (attention maps at 512^2) stayed reserved and a late group reached 20 GB.
+            options.enable_cpu_mem_arena = False
+            # Pre-packing makes a packed copy of every MatMul weight (1 GB for SD1.5 at session
+            # creation) for a session that runs a few records (benchmarks/results/ort-session-memory.md).
+            options.add_session_config_entry("session.disable_prepacking", "1")
+            pruned = pruned_graph(model, group)
+            # ORT runs on these arrays instead of the data file; add_initializer does not copy them
+            # (add_external_initializers does: no saving). Peak of a 512^2 run with the caller's
+            # weights held: 8.6 GB from the file, 6.8 GB from the arrays. They must outlive the session.
+            held = []
+            for init in pruned.graph.initializer:
+                if init.name in shared:
+                    held.append(ort.OrtValue.ortvalue_from_numpy(shared[init.name]))
+                    options.add_initializer(init.name, held[-1])
             part = model_path.parent / f".fastdiff-calib-{k}-{model_path.name}"
-            onnx.save(pruned_graph(model, group), str(part))
+            onnx.save(pruned, str(part))
+            del pruned
             try:
                 session = ort.InferenceSession(str(part), options, providers=["CPUExecutionProvider"])
             finally:
@@ -259,7 +314,7 @@ def histogram_ranges(
                             out[j] = None
                 del outputs  # else this group's outputs stay alive while the next record or group runs
                 bar.update()
-            del session
+            del session, held
     kind = {"percentile": CalibrationMethod.Percentile, "entropy": CalibrationMethod.Entropy}[method]
     with contextlib.redirect_stdout(io.StringIO()):
         return TensorsData(kind, collector.compute_collection_result())
