@@ -150,11 +150,12 @@ def external_matches(
             or not uses_external_data(init)
             or init.data_type != onnx.TensorProto.FLOAT
             or array.dtype != np.float32
+            or not array.flags.c_contiguous  # ORT would get a copy, not the caller's memory
             or tuple(array.shape) != tuple(init.dims)
         ):
             continue
         info = ExternalDataInfo(init)
-        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        flat = array.reshape(-1).view(np.uint8)
         if info.length not in (None, flat.size):
             continue
         with open(Path(base_dir) / info.location, "rb") as f:
