@@ -399,7 +399,14 @@ def goals(not_run: dict) -> list[dict]:
             "status": (
                 "OpenVINO: "
                 + ("met" if all(r["peak_rss_gb"] < 8 for r in whole) else "not met")
-                + " for a whole default int8 build; stage alone: "
+                + " for a whole default int8 build"
+                + (
+                    f" ({'met' if nosq['peak_rss_gb'] < 8 else 'not met'} with smooth_quant=False: "
+                    f"{nosq['peak_rss_gb']} GB, 32 records, engines-cpu-build-profile-ov-int8-512-32-nosq)"
+                    if (nosq := (_load("engines-cpu-build-profile-ov-int8-512-32-nosq") or {}).get("meta"))
+                    else ""
+                )
+                + "; stage alone: "
                 if whole
                 else ""
             )
