@@ -117,7 +117,8 @@ def group_by_bytes(names: Sequence[str], sizes: Mapping[str, int], budget: int) 
 
 def batch_inputs(model) -> set[str]:
     """Graph inputs whose first axis is the first input's symbolic batch axis (none if it is static)."""
-    inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
     dims = [i.type.tensor_type.shape.dim for i in inputs]
     if not inputs or not dims[0] or not dims[0][0].dim_param:
         return set()
@@ -228,7 +229,8 @@ def histogram_ranges(
     ``weights`` (name -> array, e.g. :func:`~fastdiff.engines.export.weight_views` of the U-Net the
     graph was exported from): those equal to an initializer's bytes in the data file are given to the
     sessions in place of that initializer, so a caller that holds the U-Net holds one copy of them, not
-    two (2.5 GB of full SD1.5's 3.4 GB are convolution weights the export keeps as they are).
+    two (2.3 GB of full SD1.5's weights are convolution weights the export keeps as they are:
+    benchmarks/results/ort-session-memory.md, held_gb).
     """
     import onnx
     import onnxruntime as ort

@@ -312,7 +312,7 @@ def quantize(
             (:mod:`fastdiff.engines.ort_calibration`); min-max reduces in the graph and needs no groups.
         weights: the exported U-Net's own weights (:func:`~fastdiff.engines.export.weight_views`):
             the histogram calibration runs on those equal to the data file's instead of loading a
-            second copy (2.5 GB of full SD1.5's 3.4 GB).
+            second copy (2.3 GB of full SD1.5's weights, results/ort-session-memory.md).
 
     Returns the path of the quantised model.
     """
