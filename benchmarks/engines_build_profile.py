@@ -1,6 +1,6 @@
 """Where an int8 ``compile_engine`` build (OpenVINO or ONNX Runtime) spends its time, stage by stage (#14).
 
-One ``compile_engine(unet, backend=..., precision="int8")`` build of the full-width
+One ``compile_engine(unet, backend=..., precision="int8")`` (or ``--precision mixed``) build of the full-width
 SD1.5-architecture U-Net (random weights) at 256^2, with the same records and options as the
 ``ov-int8`` row of ``benchmarks/engines.py --suite cpu`` (8 records of 2 prompts x 4 DDIM steps;
 every 4th held back; compile_engine splits the rest again). Every stage function is wrapped with a
@@ -58,6 +58,8 @@ TARGETS = (
         "FastBiasCorrection.apply",
         "fast bias correction apply",
     ),
+    ("fastdiff.engines.ov_sensitivity", "group_sensitivity", "mixed: group sensitivity (OpenVINO)"),
+    ("fastdiff.engines.ov_sensitivity", "mixed_model", "mixed: un-quantise weak groups + compress"),
     ("openvino", "Core.read_model", "ov read_model"),
     ("openvino", "Core.compile_model", "ov compile_model"),
     ("fastdiff.engines.cache", "EngineCache.commit", "cache commit (sha256)"),
@@ -159,6 +161,12 @@ def main(argv=None):
     p.add_argument("--quality-records", type=int, default=2)
     p.add_argument("--smooth-quant", choices=["on", "off"], default="on")
     p.add_argument(
+        "--statistics-hint",
+        choices=["engine", "f32", "bf16"],
+        default="engine",
+        help="QuantConfig.statistics_hint (OpenVINO): precision of NNCF's statistics models",
+    )
+    p.add_argument(
         "--source",
         choices=["pytorch", "onnx"],
         default="pytorch",
@@ -167,7 +175,10 @@ def main(argv=None):
     p.add_argument("--model", default="sd15-full", choices=["sd15-full", "sd15-half", "tiny"])
     p.add_argument("--side", type=int, default=256, help="image side in px")
     p.add_argument("--backend", default="openvino", choices=["openvino", "onnxruntime"])
+    p.add_argument("--precision", default="int8", choices=["int8", "mixed"], help="mixed: OpenVINO only")
     args = p.parse_args(argv)
+    if args.precision == "mixed" and args.backend != "openvino":
+        p.error("--precision mixed is an OpenVINO precision")
 
     from engines import _prompts, make_pipeline
 
@@ -194,13 +205,17 @@ def main(argv=None):
         engine = compile_engine(
             pipe.unet,
             backend=args.backend,
-            precision="int8",
+            precision=args.precision,
             calibration=fit,
             quality_inputs=held,
             cache_dir=cache,
             install=False,
             gate=GateConfig(min_snr_db=None),
-            quant=QuantConfig(max_calibration_records=args.records, smooth_quant=args.smooth_quant == "on"),
+            quant=QuantConfig(
+                max_calibration_records=args.records,
+                smooth_quant=args.smooth_quant == "on",
+                statistics_hint=args.statistics_hint,
+            ),
             export=ExportConfig(openvino_source=args.source),
         )
     total_s = time.perf_counter() - timeline.t0
@@ -220,6 +235,9 @@ def main(argv=None):
             "records": {"calibrate": len(fit), "judge": len(held), "recorded_s": round(records_s, 1)},
             "backend": args.backend,
             "smooth_quant": args.smooth_quant == "on" if args.backend == "openvino" else None,
+            "statistics_hint": engine.build_info.get("statistics_hint")
+            if args.backend == "openvino"
+            else None,
             "openvino_source": args.source if args.backend == "openvino" else None,
             "total_s": round(total_s, 1),
             "quality_check_s": round(quality_s, 1),
@@ -239,10 +257,15 @@ def main(argv=None):
     )
     notes = "\n".join(
         [
-            f"- One compile_engine(unet, backend='{args.backend}', precision='int8') of {args.model} "
+            f"- One compile_engine(unet, backend='{args.backend}', precision='{args.precision}') of {args.model} "
             f"at {args.side}^2, {len(fit)} records given, at most {args.records} calibrate, quality judged on "
             f"{len(held)} held-back records"
-            + (f"; SmoothQuant {args.smooth_quant}." if args.backend == "openvino" else "."),
+            + (
+                f"; SmoothQuant {args.smooth_quant}; NNCF statistics at the "
+                f"{engine.build_info.get('statistics_hint')} hint (engine at {engine.build_info.get('hint')})."
+                if args.backend == "openvino"
+                else "."
+            ),
             f"- total {total_s:.1f} s = {total_s - quality_s:.1f} s build + {quality_s:.1f} s quality check "
             f"(first compile of the engine + engine and eager PyTorch on the held-back records); "
             f"SNR {engine.quality['snr_db']:.2f} dB (worst record {engine.quality['snr_db_min']:.2f}); "

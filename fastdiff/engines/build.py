@@ -41,7 +41,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
     if backend == "openvino":
         from .openvino_build import openvino_source
 
-        direct = openvino_source(precision, spec.export) == "pytorch"
+        direct = openvino_source(spec.export) == "pytorch"
     stages = ["convert" if direct else "export", *(["quantise"] if precision in QUANTISED else []), "build"]
     bar = tqdm(total=len(stages), desc=f"fastdiff {backend}/{precision}", unit="stage", leave=False)
     with bar, tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:

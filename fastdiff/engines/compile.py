@@ -174,9 +174,9 @@ def compile_engine(
         "versions": library_versions(backend),
     }
     if backend == "openvino":
-        from .openvino_build import openvino_source  # what was converted: graph details differ by route
+        from .openvino_build import openvino_source, statistics_hint  # graph details differ by route
 
-        parts["openvino_source"] = openvino_source(precision, export)
+        parts["openvino_source"] = openvino_source(export)
     if precision in QUANTISED and backend == "openvino":
         parts["quant"] = {
             "exclude": list(quant.exclude),
@@ -185,6 +185,7 @@ def compile_engine(
             "smooth_quant": quant.smooth_quant,
             "bias_correction": quant.bias_correction,
             "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
+            "statistics_hint": statistics_hint(quant, runtime, precision),
             "nncf": library_versions("nncf").get("nncf"),
         }
     elif precision == "int8":
@@ -292,6 +293,8 @@ def compile_engine(
     build_info = {"key": key, "entry": str(entry), "level": quant.level if precision == "int8" else None}
     if backend == "openvino":
         build_info["hint"] = runner.hint
+        if "quant" in parts:
+            build_info["statistics_hint"] = parts["quant"]["statistics_hint"]
     build_info.update(layers_info)
     engine = EngineUNet(
         runner,

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from .quantization import DEFAULT_EXCLUDE
 from .runtime_ov import BIAS_CORRECTIONS
 
+STATISTICS_HINTS = ("engine", "f32", "bf16")  # QuantConfig.statistics_hint
+
 
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
@@ -18,9 +20,12 @@ class QuantConfig:
     spread over the timesteps that calibrate. holdout_every: every n-th record is held back to judge
     quality. smooth_quant: OpenVINO, SmoothQuant on MatMuls (NNCF, alpha 0.95). bias_correction:
     OpenVINO, NNCF's bias correction after min-max ("fast", "full" or "none"). min_group_snr_db:
-    OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision.
-    calibration_memory_gb: ONNX Runtime percentile/entropy calibration (int8 and mixed's layer
-    sensitivity), about how many GB of one record's activations are alive at once: the tensors are
+    OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision. statistics_hint:
+    OpenVINO, the inference precision NNCF's statistics models run at: "engine" (the engine's own hint,
+    bf16 where the CPU has it natively, see :func:`fastdiff.engines.openvino_build.statistics_hint`),
+    "f32" (NNCF's default) or "bf16".
+    calibration_memory_gb: ONNX Runtime percentile/entropy calibration (int8 and
+    :func:`fastdiff.engines.layer_sensitivity`), about how many GB of one record's activations are alive at once: the tensors are
     calibrated in groups that fit (:mod:`fastdiff.engines.ort_calibration`; ORT's ranges exactly).
 
     OpenVINO defaults: SmoothQuant on, no bias correction. Dropping bias correction changed the SNR by
@@ -42,6 +47,7 @@ class QuantConfig:
     bias_correction: str = "none"
     min_group_snr_db: float = 30.0
     calibration_memory_gb: float = 1.0
+    statistics_hint: str = "engine"
 
     def __post_init__(self):
         if isinstance(self.calibration_memory_gb, bool) or not (
@@ -54,6 +60,10 @@ class QuantConfig:
             raise ValueError(
                 f"QuantConfig.bias_correction must be one of {list(BIAS_CORRECTIONS)}, "
                 f"got {self.bias_correction!r}"
+            )
+        if self.statistics_hint not in STATISTICS_HINTS:
+            raise ValueError(
+                f"QuantConfig.statistics_hint must be one of {list(STATISTICS_HINTS)}, got {self.statistics_hint!r}"
             )
         if isinstance(self.exclude, str):
             object.__setattr__(self, "exclude", (self.exclude,))
@@ -87,12 +97,11 @@ class ExportConfig:
 
     openvino_source: what OpenVINO converts. "pytorch": ``openvino.convert_model`` on the U-Net
     itself, no ONNX file (weights shared with the U-Net, not copied); "onnx": the ONNX export, as the
-    other backends; None (default): "pytorch" for fp32/bf16 (same output to 0.05 dB, faster) and
-    int8 (an earlier profile with fast bias correction gave the PyTorch frontend's graph about 1 dB
+    other backends; None (default): "pytorch" for fp32/bf16 (same output to 0.05 dB, faster), int8
+    and mixed (an earlier profile with fast bias correction gave the PyTorch frontend's graph about 1 dB
     lower SNR, benchmarks/results/engines-cpu-build-profile*.md; without bias correction, QuantConfig's
     default, both routes agree to 0.1 dB: engines-cpu-int8-build-256-avx512.md,
-    engines-tiny-int8-build-avx512.md).
-    "mixed" always goes through ONNX (its layer sensitivity runs on the ONNX graph)."""
+    engines-tiny-int8-build-avx512.md)."""
 
     opset: int = 17
     dynamic: tuple[str, ...] = ("batch", "height", "width")

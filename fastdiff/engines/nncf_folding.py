@@ -5,7 +5,7 @@ of the weight Constant, per output channel). Compiling it, OpenVINO constant-fol
 its reference kernels: over the full SD1.5 U-Net's weights that was most of the statistics pass
 (``benchmarks/results/engines-cpu-int8-build-256-avx512.md``). :func:`fold_constant_statistics` computes
 them with numpy (the same values), and :func:`folding_statistics` applies it to every model NNCF compiles
-while :func:`fastdiff.engines.runtime_ov.quantize` runs.
+while :func:`fastdiff.engines.runtime_ov.quantize` runs (and, where asked, compiles them at the bf16 hint).
 """
 
 from __future__ import annotations
@@ -72,24 +72,39 @@ def fold_constant_statistics(model) -> int:
 
 
 @contextlib.contextmanager
-def folding_statistics(enabled: bool = True):
+def folding_statistics(enabled: bool = True, hint: str | None = None):
     """While NNCF runs, fold its statistics models' constant reductions (:func:`fold_constant_statistics`)
-    before it compiles them. Wraps ``nncf.openvino.engine.OVNativeEngine`` (not thread-safe; a no-op
-    where that class is missing: another NNCF version then compiles as before)."""
+    before it compiles them, and compile them at OpenVINO inference precision ``hint`` ("f32", "bf16"; None
+    keeps NNCF's f32). Wraps ``nncf.openvino.engine.OVNativeEngine`` (not thread-safe; a no-op where that
+    class is missing: another NNCF version then compiles as before).
+
+    A bf16 statistics model is what an int8 engine run at the bf16 hint computes (its unquantised layers
+    are bf16 there), and the CPU plugin packs its weights and holds its activations at half the size."""
+    if hint not in (None, "f32", "bf16"):
+        raise ValueError(f"statistics hint must be 'f32', 'bf16' or None, got {hint!r}")
     try:
         from nncf.openvino import engine as nncf_engine
 
         cls = nncf_engine.OVNativeEngine
         real = cls.__init__
+        compiled_engine = nncf_engine.OVCompiledModelEngine
+        from nncf.openvino.graph.model_utils import model_has_state
     except (ImportError, AttributeError):
-        enabled = False
-    if not enabled:
+        enabled, hint = False, None
+    if not enabled and hint is None:
         yield
         return
 
     def init(self, model, *args, **kwargs):
-        fold_constant_statistics(model)
-        real(self, model, *args, **kwargs)
+        if enabled:
+            fold_constant_statistics(model)
+        if hint is None:
+            real(self, model, *args, **kwargs)
+            return
+        import openvino as ov
+
+        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+        self.engine = compiled_engine(compiled, model_has_state(model))
 
     cls.__init__ = init
     try:

@@ -9,8 +9,9 @@ an earlier profile (SmoothQuant on, fast bias correction, AVX2 machine) had NNCF
 frontend's graph about 1 dB worse than the ONNX one; with bias correction off both routes agree to
 0.1 dB (SmoothQuant off on the full SD1.5 U-Net, on or off on fastdiff-tiny's trained one:
 benchmarks/results/engines-cpu-int8-build-256-avx512.md, engines-tiny-int8-build-avx512.md), and
-skipping the export saves 50-100 s of the build at 256^2. mixed takes the ONNX export (see
-``ExportConfig.openvino_source``). Either way the graph is traced at a small latent when every
+skipping the export saves 50-100 s of the build at 256^2. So does mixed, whose layer sensitivity runs on
+OpenVINO itself (:mod:`fastdiff.engines.ov_sensitivity`). ``ExportConfig(openvino_source="onnx")`` takes the
+ONNX export instead. Either way the graph is traced at a small latent when every
 spatial axis stays dynamic (:func:`fastdiff.engines.export.trace_shape`).
 """
 
@@ -19,31 +20,23 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-import re
 import warnings
 from pathlib import Path
 
 import torch
 
-from . import runtime_ov
+from . import ov_sensitivity, runtime_ov
 from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape
 from .mapped import weight_files
 from .quality import QualityGateError
-from .quantization import classify_nodes
-from .sensitivity import layer_sensitivity
 
 QUANTISED = ("int8", "mixed")
 LAYERS_FILE = "layers.json"
 
 
-def openvino_source(precision: str, export) -> str:
-    """What the build converts: ``export.openvino_source`` if set (but "onnx" for mixed), else
-    "onnx" for mixed (its layer sensitivity runs on the ONNX graph) and "pytorch" for the rest."""
-    if precision == "mixed":
-        return "onnx"
-    if export.openvino_source is not None:
-        return export.openvino_source
-    return "pytorch"
+def openvino_source(export) -> str:
+    """What the build converts: ``export.openvino_source`` if set, else "pytorch"."""
+    return export.openvino_source or "pytorch"
 
 
 def convert_pytorch(unet: torch.nn.Module, signature, export):
@@ -125,28 +118,29 @@ def build_openvino(
         del model
         model = runtime_ov.require_openvino().Core().read_model(str(fp_ir))
         weights = weight_files(fp_ir)
-    keep = list(spec.quant.exclude)
-    sensitivity = None
     records = calib_part
     if spec.quant.max_calibration_records is not None:
         records = calib_part.subset(spec.quant.max_calibration_records)
-    if precision == "mixed":
-        fit, held = records.split(4) if len(records) >= 4 else (records, records)
-        sensitivity = layer_sensitivity(
-            onnx_path, fit, held.subset(2), method="percentile", threads=spec.runtime.threads
-        )
-        weak = [r["group"] for r in sensitivity if r["snr_db"] < spec.quant.min_group_snr_db]
-        categories = classify_nodes(onnx_path)
-        keep += [f"^{re.escape(name)}(/|$)" for name, cat in categories.items() if cat in weak]
+    hint = statistics_hint(spec.quant, spec.runtime, precision)
+    sensitivity = None
+    held = ()
+    if precision == "mixed":  # sensitivity judged on records the ranges were not fitted on
+        records, held = records.split(4) if len(records) >= 4 else (records, records)
     quantised = runtime_ov.quantize(
         model,
         records.records,
         num_records=len(records),
-        exclude=keep,
+        exclude=spec.quant.exclude,
         smooth_quant=spec.quant.smooth_quant,
         bias_correction=spec.quant.bias_correction,
         weights=weights,
+        statistics_hint=hint,
+        compress_weights=precision != "mixed",
     )
+    if precision == "mixed":
+        sensitivity = ov_sensitivity.group_sensitivity(model, quantised, held.subset(2), hint)
+        weak = [r["group"] for r in sensitivity if r["snr_db"] < spec.quant.min_group_snr_db]
+        ov_sensitivity.mixed_model(quantised, weak)
     runtime_ov.save(quantised, artifact)
     int8 = runtime_ov.quantised_layers(quantised)
     weighted = [
@@ -162,6 +156,16 @@ def build_openvino(
         "sensitivity": sensitivity,
     }
     (artifact.with_name(LAYERS_FILE)).write_text(json.dumps(layers, indent=1))
+
+
+def statistics_hint(quant, runtime, precision: str) -> str:
+    """The inference precision NNCF's statistics models run at (``quant.statistics_hint`` resolved).
+
+    "engine" is the hint the engine itself runs at (``runtime.hint``, else :func:`runtime_ov.hint_for`:
+    bf16 where native): the ranges are then those of the activations the quantised engine computes."""
+    if quant.statistics_hint != "engine":
+        return quant.statistics_hint
+    return runtime.hint or runtime_ov.hint_for(precision)
 
 
 def auto_candidates(calibrated: bool, native_bf16: bool) -> list[str]:

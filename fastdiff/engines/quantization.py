@@ -88,10 +88,15 @@ def classify_node(node, weight_names: set[str]) -> str | None:
     has_weight = len(node.input) > 1 and node.input[1] in weight_names
     if not has_weight:
         return "attention"  # activation x activation: QK^T and PV
+    return category_of(node.name, conv=node.op_type == "Conv")
+
+
+def category_of(name: str, conv: bool) -> str:
+    """Category of a weighted layer from its module-path name (``/unet/.../to_q/...``)."""
     for category, pattern in _CATEGORY_PATTERNS:
-        if pattern.search(node.name):
+        if pattern.search(name):
             return category
-    return "conv" if node.op_type == "Conv" else "linear"
+    return "conv" if conv else "linear"
 
 
 def _load_graph(model_or_path):

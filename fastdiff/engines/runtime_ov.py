@@ -8,7 +8,8 @@ Precisions (``compile_engine(..., backend="openvino", precision=...)``):
 * ``int8``: NNCF post-training quantisation fed with fastdiff's calibration records (not random
   inputs); the recipe's float islands (time embedding, conv_in, conv_out) stay float.
 * ``mixed``: ``int8`` plus every layer group whose int8 SNR, measured alone on held-back records
-  (:func:`group_sensitivity`), is below a threshold, kept in high precision.
+  on OpenVINO (:func:`fastdiff.engines.ov_sensitivity.group_sensitivity`), is below a threshold, kept
+  in high precision.
 
 int8 and mixed run their unquantised layers (attention's activation matmuls, softmax, GroupNorm, the
 float islands) at the bf16 hint where the CPU has it natively, fp32 elsewhere (:func:`hint_for`): on
@@ -165,6 +166,8 @@ def quantize(
     progress: bool = False,
     static: bool = True,
     weights: Sequence[str | os.PathLike] = (),
+    statistics_hint: str | None = None,
+    compress_weights: bool = True,
 ):
     """NNCF int8 post-training quantisation of an ``openvino.Model`` on recorded U-Net inputs.
 
@@ -189,6 +192,12 @@ def quantize(
         weights: the memory-mapped files ``model`` was read from (an IR's ``.bin``, see
             :func:`fastdiff.engines.mapped.weight_files`): while NNCF runs, their resident pages are
             given back once the CPU plugin holds its own packed copy (:mod:`fastdiff.engines.mapped`).
+        statistics_hint: OpenVINO inference precision of NNCF's statistics models ("f32" or "bf16"; None
+            keeps NNCF's f32). "bf16" collects the ranges the engine sees when it runs at the bf16 hint,
+            with half the weight and activation memory (:func:`fastdiff.engines.nncf_folding.folding_statistics`).
+        compress_weights: NNCF's last step, int8 weight constants in place of the weights' FakeQuantize
+            nodes; ``False`` leaves them over the float weights (:mod:`fastdiff.engines.ov_sensitivity`
+            un-quantises layers of that model, then compresses it).
     """
     if bias_correction not in BIAS_CORRECTIONS:
         raise ValueError(f"bias_correction must be one of {list(BIAS_CORRECTIONS)}, got {bias_correction!r}")
@@ -224,12 +233,13 @@ def quantize(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if smooth_quant else -1),
         disable_bias_correction=bias_correction == "none",
         inplace_statistics=inplace_statistics,
+        backend_params={} if compress_weights else {"compress_weights": False},
     )
     if not progress:
         nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
     from .mapped import ReleasingMappedPages
 
-    with ReleasingMappedPages(weights), folding_statistics(fold_statistics):
+    with ReleasingMappedPages(weights), folding_statistics(fold_statistics, statistics_hint):
         quantised = nncf.quantize(
             model,
             dataset,
