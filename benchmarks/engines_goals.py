@@ -34,7 +34,11 @@ OV_WHOLE_512_PROFILES = (
     ("engines-cpu-build-profile-ov-int8-512-32-nosq", "with smooth_quant=False, statistics at f32"),
     (
         "engines-cpu-build-profile-ov-int8-512-32-bf16stats",
-        "with the defaults since NNCF's statistics run at the engine's bf16 hint (SmoothQuant on)",
+        "with NNCF's statistics at the engine's bf16 hint (SmoothQuant on)",
+    ),
+    (
+        "engines-cpu-build-profile-ov-int8-512-32-trim",
+        "with the defaults now: that, and the C heap's free pages given back between NNCF's passes and records",
     ),
 )
 

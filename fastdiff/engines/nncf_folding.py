@@ -4,7 +4,7 @@ NNCF's min-max statistics model reduces every quantised layer's weights inside t
 of the weight Constant, per output channel). Compiling it, OpenVINO constant-folds those reductions with
 its reference kernels: over the full SD1.5 U-Net's weights that was most of the statistics pass
 (``benchmarks/results/engines-cpu-int8-build-256-avx512.md``). :func:`fold_constant_statistics` computes
-them with numpy (the same values), and :func:`folding_statistics` applies it to every model NNCF compiles
+them with numpy (the same values), and :func:`statistics_models` applies it to every model NNCF compiles
 while :func:`fastdiff.engines.runtime_ov.quantize` runs (and, where asked, compiles them at the bf16 hint).
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+
+from .mapped import release_free_heap
 
 _REDUCTIONS = {"ReduceMax": np.max, "ReduceMin": np.min, "ReduceMean": np.mean}
 
@@ -72,11 +74,12 @@ def fold_constant_statistics(model) -> int:
 
 
 @contextlib.contextmanager
-def folding_statistics(enabled: bool = True, hint: str | None = None):
+def statistics_models(enabled: bool = True, hint: str | None = None):
     """While NNCF runs, fold its statistics models' constant reductions (:func:`fold_constant_statistics`)
-    before it compiles them, and compile them at OpenVINO inference precision ``hint`` ("f32", "bf16"; None
-    keeps NNCF's f32). Wraps ``nncf.openvino.engine.OVNativeEngine`` (not thread-safe; a no-op where that
-    class is missing: another NNCF version then compiles as before).
+    before it compiles them, compile them at OpenVINO inference precision ``hint`` ("f32", "bf16"; None
+    keeps NNCF's f32), and give the C heap's free pages back before each compile and after each record
+    (:func:`fastdiff.engines.mapped.release_free_heap`). Wraps ``nncf.openvino.engine.OVNativeEngine`` (not
+    thread-safe; a no-op where that class is missing: another NNCF version then compiles as before).
 
     A bf16 statistics model is what an int8 engine run at the bf16 hint computes (its unquantised layers
     are bf16 there), and the CPU plugin packs its weights and holds its activations at half the size."""
@@ -94,8 +97,15 @@ def folding_statistics(enabled: bool = True, hint: str | None = None):
     if not enabled and hint is None:
         yield
         return
+    real_infer = cls.infer
+
+    def infer(self, input_data):
+        out = real_infer(self, input_data)
+        release_free_heap()
+        return out
 
     def init(self, model, *args, **kwargs):
+        release_free_heap()  # what the previous pass (or SmoothQuant) freed, before this compile allocates
         if enabled:
             fold_constant_statistics(model)
         if hint is None:
@@ -106,8 +116,8 @@ def folding_statistics(enabled: bool = True, hint: str | None = None):
         compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
         self.engine = compiled_engine(compiled, model_has_state(model))
 
-    cls.__init__ = init
+    cls.__init__, cls.infer = init, infer
     try:
         yield
     finally:
-        cls.__init__ = real
+        cls.__init__, cls.infer = real, real_infer

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .._compat import MissingDependencyError, is_available
-from .nncf_folding import folding_statistics
+from .nncf_folding import statistics_models
 from .runtime_common import check_threads, numpy_feed
 
 ARTIFACT = "engine.xml"
@@ -194,7 +194,7 @@ def quantize(
             given back once the CPU plugin holds its own packed copy (:mod:`fastdiff.engines.mapped`).
         statistics_hint: OpenVINO inference precision of NNCF's statistics models ("f32" or "bf16"; None
             keeps NNCF's f32). "bf16" collects the ranges the engine sees when it runs at the bf16 hint,
-            with half the weight and activation memory (:func:`fastdiff.engines.nncf_folding.folding_statistics`).
+            with half the weight and activation memory (:func:`fastdiff.engines.nncf_folding.statistics_models`).
         compress_weights: NNCF's last step, int8 weight constants in place of the weights' FakeQuantize
             nodes; ``False`` leaves them over the float weights (:mod:`fastdiff.engines.ov_sensitivity`
             un-quantises layers of that model, then compresses it).
@@ -239,7 +239,7 @@ def quantize(
         nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
     from .mapped import ReleasingMappedPages
 
-    with ReleasingMappedPages(weights), folding_statistics(fold_statistics, statistics_hint):
+    with ReleasingMappedPages(weights), statistics_models(fold_statistics, statistics_hint):
         quantised = nncf.quantize(
             model,
             dataset,
