@@ -40,6 +40,10 @@ OV_WHOLE_512_PROFILES = (
         "engines-cpu-build-profile-ov-int8-512-32-trim",
         "with the defaults now: that, and the C heap's free pages given back between NNCF's passes and records",
     ),
+    (
+        "engines-cpu-build-profile-ov-int8-512-32-trim-nosq",
+        "with the defaults now but QuantConfig(smooth_quant=False)",
+    ),
 )
 
 

@@ -33,7 +33,9 @@ class QuantConfig:
     it costs one sub-model compile per layer (~26 s of the full SD1.5 U-Net's build at 256^2). ``smooth_quant=False`` is the fast option: build 103 s instead of 164 s
     at 256^2 (benchmarks/results/engines-cpu-sd15-256-avx512.md runs 8-9, shared CPU), +0.3 dB on the
     random-weight SD1.5 U-Net but -0.8 dB on fastdiff-tiny's trained U-Net (36.5 -> 35.7 dB per step,
-    engines-tiny-int8-build-avx512.md), so it is not the default. ``bias_correction="fast"`` gives
+    engines-tiny-int8-build-avx512.md), so it is not the default. It is also the option that keeps a whole
+    build of the full SD1.5 U-Net at 512^2 with 32 records under 8 GB: 7.30 GB, against 8.63 GB with
+    SmoothQuant on (engines-cpu-build-profile-ov-int8-512-32-trim{-nosq,}.md). ``bias_correction="fast"`` gives
     NNCF's own recipe back.
     """
 
