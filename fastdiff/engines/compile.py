@@ -292,9 +292,7 @@ def compile_engine(
     )
     build_info = {"key": key, "entry": str(entry), "level": quant.level if precision == "int8" else None}
     if backend == "openvino":
-        build_info["hint"] = runner.hint
-        if "quant" in parts:
-            build_info["statistics_hint"] = parts["quant"]["statistics_hint"]
+        build_info.update(hint=runner.hint, statistics_hint=parts.get("quant", {}).get("statistics_hint"))
     build_info.update(layers_info)
     engine = EngineUNet(
         runner,
@@ -339,8 +337,7 @@ def _install(pipe, engine: EngineUNet) -> None:
 
 
 def _read_layers(entry: Path) -> dict:
-    path = entry / _LAYERS_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return json.loads((entry / _LAYERS_FILE).read_text()) if (entry / _LAYERS_FILE).is_file() else {}
 
 
 def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
