@@ -143,6 +143,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     ),
     "fastdiff/engines/runtime_ov.py": ("OpenVINO backend", False, "768da46", "OpenVINO backend (#14)"),
     "fastdiff/engines/openvino_build.py": ("OpenVINO backend", False, "1615d4e", "OpenVINO build (#14)"),
+    "fastdiff/engines/ov_sensitivity.py": (
+        "OpenVINO backend",
+        False,
+        "e7c88c7",
+        "mixed's layer sensitivity on OpenVINO, replacing the ONNX Runtime sweep (#14)",
+    ),
     "fastdiff/engines/nncf_folding.py": (
         "OpenVINO backend",
         False,
