@@ -91,6 +91,8 @@ TINY_RERUNS = {
     "-bf16": "after the fix of 2adca0b (the replaced ov-bf16 was built after ov-fp32 in one OpenVINO blob cache: "
     "the bug that commit fixed)",
     "-int8-bf16hint": "with int8's bf16 hint (the default since 2026-12-05), eager, bf16 and int8 in one process",
+    "-bf16stats": "with NNCF's statistics at the engine's hint and mixed's sensitivity on OpenVINO (the defaults "
+    "since 2026-12-06), eager, int8 and mixed in one process (the test suite shared the CPU: speed not judged)",
 }
 
 
