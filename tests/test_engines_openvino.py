@@ -241,13 +241,13 @@ def test_ov_sensitivity_rewires_layers_past_their_fake_quantize(pipe, calib):
     groups = ovs.layer_groups(q)
     assert {"conv", "ffn", "qkv", "proj", "attn_out", "attention"} <= set(groups)
     assert not any("conv_in" in n or "time_embedding" in n for names in groups.values() for n in names)
-    ref = ovs._run(float_model, held, "f32")
-    whole = ovs._run(q, held, "f32")
+    ref = ovs._outputs(float_model, held, "f32")
+    whole = ovs._outputs(q, held, "f32")
     undone = q.clone()
     layers = [n for names in groups.values() for n in names]
     assert ovs.unquantise(undone, layers) > len(layers)  # weight and activation of each weighted layer
     assert not any(op.get_type_name() == "FakeQuantize" for op in undone.get_ops())
-    for out, r in zip(ovs._run(undone, held, "f32"), ref):
+    for out, r in zip(ovs._outputs(undone, held, "f32"), ref):
         assert snr_db(out, r) > 100
     assert snr_db(torch.cat(whole), torch.cat(ref)) < 60
     table = ovs.group_sensitivity(float_model, q, held, "f32")
@@ -266,7 +266,7 @@ def test_ov_sensitivity_rewires_layers_past_their_fake_quantize(pipe, calib):
         for op in one.get_ops()
     )
     np.testing.assert_allclose(
-        torch.cat(ovs._run(one, held, "f32")).numpy(),
+        torch.cat(ovs._outputs(one, held, "f32")).numpy(),
         torch.cat(ref).numpy(),
         atol=float(torch.cat(ref).abs().max()) * 0.5,
     )

@@ -18,14 +18,11 @@ group on the ONNX export, then NNCF: 291 s of build for the full SD1.5 U-Net at 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import torch
 
 from . import runtime_ov
 from .quality import compare_outputs
 from .quantization import category_of
-from .runtime_common import numpy_feed
 
 WEIGHTED = ("Convolution", "GroupConvolution", "MatMul")
 # Ops that may sit between a FakeQuantize and the op reading it (proj_out reads its input through Reshape and
@@ -92,16 +89,9 @@ def unquantise(model, layers) -> int:
     return rewired
 
 
-def _run(model, records: Sequence[Mapping[str, torch.Tensor]], hint: str) -> list[torch.Tensor]:
-    ov = runtime_ov.require_openvino()
-    names = [p.get_friendly_name() for p in model.get_parameters()]
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
-    request = compiled.create_infer_request()
-    outs = []
-    for record in records:
-        result = request.infer(numpy_feed(record, names))
-        outs.append(torch.from_numpy(next(iter(result.values())).copy()))
-    return outs
+def _outputs(model, records, hint: str) -> list[torch.Tensor]:
+    runner = runtime_ov.OvRunner(model, hint=hint)  # compiled for the records' shape, as the engine
+    return [runner(r) for r in records]
 
 
 def group_sensitivity(float_model, quantised, evaluation, hint: str) -> list[dict]:
@@ -109,24 +99,16 @@ def group_sensitivity(float_model, quantised, evaluation, hint: str) -> list[dic
     :func:`fastdiff.engines.layer_sensitivity`: ``{"group", "num_nodes", "snr_db", "cosine"}``).
 
     ``quantised`` is NNCF's result with uncompressed weights; both models run the ``evaluation`` records
-    at OpenVINO inference precision ``hint``, the one the engine runs at, reshaped to their shape.
+    at OpenVINO inference precision ``hint``, the one the engine runs at.
     """
     records = list(evaluation)
-    shapes = runtime_ov.record_shapes(records, [p.get_friendly_name() for p in float_model.get_parameters()])
-
-    def static(model):
-        model = model.clone()  # constants are shared, not copied
-        if shapes is not None:
-            runtime_ov.static_for_calibration(model, shapes)
-        return model
-
-    refs = _run(static(float_model), records, hint)
+    refs = _outputs(float_model, records, hint)
     groups = layer_groups(quantised)
     results = []
     for group, layers in sorted(groups.items()):
-        alone = static(quantised)
+        alone = quantised.clone()  # constants are shared, not copied
         unquantise(alone, [n for g, names in groups.items() if g != group for n in names])
-        q = compare_outputs(_run(alone, records, hint), refs)
+        q = compare_outputs(_outputs(alone, records, hint), refs)
         results.append(
             {"group": group, "num_nodes": len(layers), "snr_db": q["snr_db"], "cosine": q["cosine"]}
         )

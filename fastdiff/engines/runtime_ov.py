@@ -278,7 +278,8 @@ def quantised_layers(model) -> set[str]:
 
 
 class OvRunner:
-    """Runs the flat-signature OpenVINO U-Net on the CPU; takes and returns torch tensors.
+    """Runs the flat-signature OpenVINO U-Net (an IR path, or an ``openvino.Model`` in memory) on the
+    CPU; takes and returns torch tensors.
 
     With ``static=True`` the model is reshaped to each new input shape and compiled for it (a
     handful of shapes per pipeline; each compiled model is kept), which lets the CPU plugin pick
@@ -289,7 +290,7 @@ class OvRunner:
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
+        model_path,
         *,
         hint: str = "f32",
         static: bool = True,
@@ -300,7 +301,8 @@ class OvRunner:
         ov = require_openvino()
         if hint not in ("f32", "bf16"):
             raise ValueError(f"hint must be 'f32' or 'bf16', got {hint!r}")
-        self.path = Path(model_path)
+        in_memory = isinstance(model_path, ov.Model)  # e.g. a model being built (ov_sensitivity)
+        self.path = None if in_memory else Path(model_path)
         self.hint = hint
         self.static = bool(static)
         self.core = ov.Core()
@@ -309,7 +311,7 @@ class OvRunner:
         self.config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
         if threads is not None:
             self.config["INFERENCE_NUM_THREADS"] = threads
-        self.model = self.core.read_model(str(self.path))
+        self.model = model_path if in_memory else self.core.read_model(str(self.path))
         self.input_names = tuple(p.get_friendly_name() for p in self.model.get_parameters())
         self._compiled: dict[tuple, object] = {}
 
