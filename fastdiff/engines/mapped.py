@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 _MADV_DONTNEED = 4
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, looked up once (``find_library`` runs ``ldconfig``; the heap is trimmed per record)."""
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 def mapped_ranges(paths: Iterable[str | os.PathLike]) -> list[tuple[int, int]]:
@@ -44,7 +51,7 @@ def release_mapped_pages(paths: Iterable[str | os.PathLike]) -> int:
     ranges = mapped_ranges(paths)
     if not ranges:
         return 0
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = _libc()
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     done = 0
     for start, end in ranges:
@@ -62,8 +69,7 @@ def release_free_heap() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        trim = libc.malloc_trim
+        trim = _libc().malloc_trim
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         return False
     trim.argtypes = (ctypes.c_size_t,)
