@@ -64,8 +64,9 @@ def release_free_heap() -> bool:
     """Give the C heap's free pages back to the system (glibc ``malloc_trim(0)``); False where unavailable.
 
     Freed blocks under glibc's mmap threshold, which grows to 32 MB as large blocks are freed, stay in
-    the heap and count in RSS until something trims it: between NNCF's statistics passes that was the
-    previous statistics model's memory (about 0.6 GB at 512^2)."""
+    the heap and count in RSS until something trims it. Trimmed before each NNCF statistics model compiles
+    and after each record, a whole OpenVINO int8 build of SD1.5 at 512^2 peaked at 8.63 GB instead of
+    9.66 GB (benchmarks/results/engines-cpu-build-profile-ov-int8-512-32-{bf16stats,trim}.md)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
