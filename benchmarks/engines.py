@@ -125,7 +125,18 @@ def main(argv=None):
         "(default: QuantConfig's)",
     )
     p.add_argument("--note", default="", help="cpu suite: a line about this run, added to the results notes")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="cpu suite: build and time each row of --rows in its own process (with its own eager row), one "
+        "after another, written as one run; every row's engines held in one process do not fit in 24 GB",
+    )
+    p.add_argument(
+        "--run", type=int, default=None, help="cpu suite: the run number to write (--isolate sets it)"
+    )
     args = p.parse_args(argv)
+    if args.suite == "cpu" and args.isolate:
+        return cpu_suite_isolated(args, sys.argv[1:] if argv is None else list(argv))
     if args.suite == "cpu":
         return cpu_suite(args)
     logging.basicConfig(level=logging.WARNING)
@@ -246,6 +257,44 @@ def main(argv=None):
     log("wrote", *paths)
 
 
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` less each of ``flags`` (a bare switch for --isolate, else with its value, either spelling)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = a != "--isolate"
+        elif not any(a.startswith(f + "=") for f in flags):
+            out.append(a)
+    return out
+
+
+def cpu_suite_isolated(args, argv: list[str]) -> None:
+    """``--isolate``: every row of ``--rows`` in a child process of its own, one after another, under one run
+    number, so a run of every row fits in memory and each row's peak memory is its own. Each child times
+    its row against its own eager row (ratios stay within a process)."""
+    import subprocess
+
+    from _common import RESULTS_DIR
+
+    if not args.name:
+        raise SystemExit("--isolate needs --name (the results file every child appends to)")
+    path = RESULTS_DIR / f"{args.name}.json"
+    prior = json.loads(path.read_text())["rows"] if path.is_file() else []
+    run = args.run or 1 + max((r["run"] for r in prior), default=0)
+    base = _without(argv, "--isolate", "--rows", "--note", "--run")
+    failed = []
+    for i, row in enumerate(r for r in args.rows.split(",") if r != "eager"):
+        note = ["--note", args.note] if args.note and i == 0 else []
+        child = [sys.executable, __file__, *base, "--rows", f"eager,{row}", "--run", str(run), *note]
+        print(f"[{time.strftime('%H:%M:%S')}] run {run}: {row} in its own process", flush=True)
+        if subprocess.run(child).returncode != 0:
+            failed.append(row)
+    if failed:
+        raise SystemExit(f"run {run}: rows that failed (see above): {failed}")
+
+
 def cpu_suite(args):
     """Rows of benchmarks/engines_cpu.py appended to one results file (several invocations, one file)."""
     import os
@@ -271,7 +320,7 @@ def cpu_suite(args):
     rows = run_rows(pipe, args, work, prompts, round_robin)
     path = RESULTS_DIR / f"{name}.json"
     prior = json.loads(path.read_text())["rows"] if path.is_file() else []
-    run = 1 + max((r["run"] for r in prior), default=0)
+    run = args.run or 1 + max((r["run"] for r in prior), default=0)
     load = os.getloadavg()[0]
     new = [{"run": run, "variant": k, "load_1min": round(load, 2), **v} for k, v in rows.items()]
     meta = env_info()
@@ -321,7 +370,7 @@ def cpu_suite(args):
     )
     if path.is_file():  # notes written for earlier runs stay; this run's --note is added
         notes = json.loads(path.read_text()).get("notes") or notes
-    if args.note:
+    if args.note and f"- run {run}: " not in notes:
         notes = notes.rstrip() + f"\n- run {run}: {args.note}"
     paths = write_results(name, prior + new, meta, cols, notes=notes)
     print("wrote", *paths)
