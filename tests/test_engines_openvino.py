@@ -614,3 +614,69 @@ def test_folded_statistics_give_nncf_the_same_ranges(pipe, calib, tmp_path, monk
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="bias_correction"):
         runtime_ov.quantize(model, fit.records, num_records=1, bias_correction="slow")
+
+
+def _weight_fake_quantize_highs(model) -> list:
+    """input_high of every FakeQuantize over a constant (a weight), in graph order."""
+    import numpy as np
+
+    out = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "FakeQuantize":
+            continue
+        src = op.input_value(0).get_node()
+        while src.get_type_name() == "Convert":
+            src = src.input_value(0).get_node()
+        if src.get_type_name() == "Constant":
+            out.append(np.asarray(op.input_value(2).get_node().get_data(), dtype=np.float64))
+    return out
+
+
+def test_overflow_fix_halves_the_weight_range_of_the_layers_it_names(pipe, calib, tmp_path):
+    """#14, CPUs without VNNI: NNCF's OverflowFix quantises weights on half the int8 levels (7 bits) so
+    u8 x s8 pair sums fit int16; NNCF keeps 255 levels and doubles the weight quantiser's range instead.
+    "enable" does it to every weight, "disable" to none, "first_layer_only" (NNCF's default) to the layers
+    that read a model input (three NNCF runs on the tiny U-Net, no SmoothQuant: ~15 s)."""
+    import numpy as np
+
+    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
+    fit = calib.split(4)[0].subset(2)
+    highs = {
+        fix: _weight_fake_quantize_highs(
+            runtime_ov.quantize(
+                model,
+                fit.records,
+                num_records=len(fit),
+                exclude=QuantConfig().exclude,
+                smooth_quant=False,
+                compress_weights=False,
+                overflow_fix=fix,
+            )
+        )
+        for fix in runtime_ov.OVERFLOW_FIXES
+    }
+    assert len(highs["disable"]) > 20 and len({len(v) for v in highs.values()}) == 1
+    # Per layer: the widest channel's range relative to the same layer without the fix (about 254/127).
+    ratio = {fix: [np.max(h / d) for h, d in zip(v, highs["disable"])] for fix, v in highs.items()}
+    assert all(1.9 < r < 2.1 for r in ratio["enable"])
+    # "First layer" of each model input: conv_in, the time embedding, every cross-attention K/V projection.
+    first = [r for r in ratio["first_layer_only"] if r > 1.9]
+    rest = [r for r in ratio["first_layer_only"] if r <= 1.9]
+    assert first and len(rest) > len(first) and all(abs(r - 1) < 1e-6 for r in rest)
+    with pytest.raises(ValueError, match=r"overflow_fix must be one of \['enable', .*got 'half'"):
+        runtime_ov.quantize(model, fit.records, num_records=1, overflow_fix="half")
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_overflow_fix_follows_vnni_and_keys_the_cache(vnni, int8_cache, monkeypatch):
+    """QuantConfig.overflow_fix="auto" (the default) is "enable" without VNNI and NNCF's own
+    "first_layer_only" with it; the resolved value is keyed and reported in build_info."""
+    from fastdiff.engines import cpu
+
+    _, engine = int8_cache
+    assert engine.build_info["overflow_fix"] == ov_build.overflow_fix(QuantConfig())
+    monkeypatch.setattr(cpu, "has_vnni", lambda flags=None: vnni)
+    assert ov_build.overflow_fix(QuantConfig()) == ("first_layer_only" if vnni else "enable")
+    assert ov_build.overflow_fix(QuantConfig(overflow_fix="disable")) == "disable"
+    with pytest.raises(ValueError, match=r"QuantConfig.overflow_fix must be one of \['auto', .*got 'on'"):
+        QuantConfig(overflow_fix="on")

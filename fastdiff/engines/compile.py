@@ -174,9 +174,9 @@ def compile_engine(
         "versions": library_versions(backend),
     }
     if backend == "openvino":
-        from .openvino_build import openvino_source, statistics_hint  # graph details differ by route
+        from .openvino_build import openvino_source, overflow_fix, statistics_hint
 
-        parts["openvino_source"] = openvino_source(export)
+        parts["openvino_source"] = openvino_source(export)  # graph details differ by route
     if precision in QUANTISED and backend == "openvino":
         parts["quant"] = {
             "exclude": list(quant.exclude),
@@ -186,6 +186,7 @@ def compile_engine(
             "bias_correction": quant.bias_correction,
             "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
             "statistics_hint": statistics_hint(quant, runtime, precision),
+            "overflow_fix": overflow_fix(quant),  # follows the CPU: the graph differs (7-bit weights)
             "nncf": library_versions("nncf").get("nncf"),
         }
     elif precision == "int8":
@@ -223,8 +224,7 @@ def compile_engine(
         else:
             import tempfile
 
-            tmp_root = Path(tempfile.mkdtemp(prefix="fastdiff-engine-"))
-            entry = tmp_root
+            entry = tmp_root = Path(tempfile.mkdtemp(prefix="fastdiff-engine-"))
         try:
             spec = BuildSpec(
                 quant=quant,
@@ -292,7 +292,8 @@ def compile_engine(
     )
     build_info = {"key": key, "entry": str(entry), "level": quant.level if precision == "int8" else None}
     if backend == "openvino":
-        build_info.update(hint=runner.hint, statistics_hint=parts.get("quant", {}).get("statistics_hint"))
+        resolved = {k: parts.get("quant", {}).get(k) for k in ("statistics_hint", "overflow_fix")}
+        build_info.update(hint=runner.hint, **resolved)
     build_info.update(layers_info)
     engine = EngineUNet(
         runner,

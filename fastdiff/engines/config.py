@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from .quantization import DEFAULT_EXCLUDE
-from .runtime_ov import BIAS_CORRECTIONS
+from .runtime_ov import BIAS_CORRECTIONS, OVERFLOW_FIXES
 
 STATISTICS_HINTS = ("engine", "f32", "bf16")  # QuantConfig.statistics_hint
 
@@ -23,7 +23,9 @@ class QuantConfig:
     OpenVINO "mixed", groups whose int8-alone SNR is below it stay in high precision. statistics_hint:
     OpenVINO, the inference precision NNCF's statistics models run at: "engine" (the engine's own hint,
     bf16 where the CPU has it natively, see :func:`fastdiff.engines.openvino_build.statistics_hint`),
-    "f32" (NNCF's default) or "bf16".
+    "f32" (NNCF's default) or "bf16". overflow_fix: OpenVINO, which layers' int8 weights use half the
+    range, NNCF's OverflowFix ("enable", "first_layer_only", "disable") or "auto": "enable" on CPUs without
+    VNNI, NNCF's "first_layer_only" elsewhere (:func:`fastdiff.engines.openvino_build.overflow_fix`).
     calibration_memory_gb: ONNX Runtime percentile/entropy calibration (int8 and
     :func:`fastdiff.engines.layer_sensitivity`), about how many GB of one record's activations are alive at once: the tensors are
     calibrated in groups that fit (:mod:`fastdiff.engines.ort_calibration`; ORT's ranges exactly).
@@ -50,6 +52,7 @@ class QuantConfig:
     min_group_snr_db: float = 30.0
     calibration_memory_gb: float = 1.0
     statistics_hint: str = "engine"
+    overflow_fix: str = "auto"
 
     def __post_init__(self):
         if isinstance(self.calibration_memory_gb, bool) or not (
@@ -66,6 +69,10 @@ class QuantConfig:
         if self.statistics_hint not in STATISTICS_HINTS:
             raise ValueError(
                 f"QuantConfig.statistics_hint must be one of {list(STATISTICS_HINTS)}, got {self.statistics_hint!r}"
+            )
+        if self.overflow_fix not in ("auto", *OVERFLOW_FIXES):
+            raise ValueError(
+                f"QuantConfig.overflow_fix must be one of {['auto', *OVERFLOW_FIXES]}, got {self.overflow_fix!r}"
             )
         if isinstance(self.exclude, str):
             object.__setattr__(self, "exclude", (self.exclude,))

@@ -39,6 +39,8 @@ from .runtime_common import check_threads, numpy_feed
 ARTIFACT = "engine.xml"
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None, "mixed": None}  # None: bf16 where native (hint_for)
 BIAS_CORRECTIONS = ("fast", "full", "none")  # NNCF's bias correction after min-max (quantize's option)
+# NNCF's OverflowFix: weights of which layers use half the int8 range (7 bits), for CPUs without VNNI.
+OVERFLOW_FIXES = ("enable", "first_layer_only", "disable")
 
 
 def require_openvino(feature: str = "OpenVINO engines", nncf: bool = False):
@@ -168,6 +170,7 @@ def quantize(
     weights: Sequence[str | os.PathLike] = (),
     statistics_hint: str | None = None,
     compress_weights: bool = True,
+    overflow_fix: str = "first_layer_only",
 ):
     """NNCF int8 post-training quantisation of an ``openvino.Model`` on recorded U-Net inputs.
 
@@ -198,7 +201,13 @@ def quantize(
         compress_weights: NNCF's last step, int8 weight constants in place of the weights' FakeQuantize
             nodes; ``False`` leaves them over the float weights (:mod:`fastdiff.engines.ov_sensitivity`
             un-quantises layers of that model, then compresses it).
+        overflow_fix: NNCF's OverflowFix, which layers' weights use half the int8 range: "enable"
+            (every Convolution and MatMul), "first_layer_only" (NNCF's default) or "disable". Without
+            VNNI the CPU's u8 x s8 products saturate at int16 (:mod:`fastdiff.engines.cpu`); 7-bit weights
+            keep every pair sum in range.
     """
+    if overflow_fix not in OVERFLOW_FIXES:
+        raise ValueError(f"overflow_fix must be one of {list(OVERFLOW_FIXES)}, got {overflow_fix!r}")
     if bias_correction not in BIAS_CORRECTIONS:
         raise ValueError(f"bias_correction must be one of {list(BIAS_CORRECTIONS)}, got {bias_correction!r}")
     require_openvino("OpenVINO int8 quantisation", nncf=True)
@@ -206,6 +215,7 @@ def quantize(
     from nncf.quantization.advanced_parameters import (
         AdvancedQuantizationParameters,
         AdvancedSmoothQuantParameters,
+        OverflowFix,
     )
 
     input_names = [p.get_friendly_name() for p in model.get_parameters()]
@@ -234,6 +244,7 @@ def quantize(
         disable_bias_correction=bias_correction == "none",
         inplace_statistics=inplace_statistics,
         backend_params={} if compress_weights else {"compress_weights": False},
+        overflow_fix=OverflowFix(overflow_fix),
     )
     if not progress:
         nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
