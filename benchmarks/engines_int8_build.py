@@ -72,6 +72,18 @@ CANDIDATES = {
     },
     "numpy-stats": {"smooth_quant": True, "bias_correction": "fast", "inplace_statistics": False},
     "sq-off-numpy-stats": {"smooth_quant": False, "bias_correction": "fast", "inplace_statistics": False},
+    # compile_engine's int8 settings of 2026-12-06 (statistics at NNCF's f32, the hint on a CPU without
+    # bf16) with each of NNCF's overflow fixes: which weights use 7 bits, against u8 x s8 saturation.
+    **{
+        f"now-overflow-{fix}": {
+            "smooth_quant": True,
+            "bias_correction": "none",
+            "fold_statistics": True,
+            "source": "pytorch",
+            "overflow_fix": fix,
+        }
+        for fix in ("first_layer_only", "enable", "disable")
+    },
 }
 
 
@@ -274,6 +286,7 @@ def main(argv=None):
             "bias_correction": opts["bias_correction"],
             "inplace_statistics": opts.get("inplace_statistics", True),
             "fold_statistics": opts.get("fold_statistics", False),
+            "overflow_fix": opts.get("overflow_fix", "first_layer_only"),
             "records": len(records),
             "source": source,
             "shared_s": round(row_shared_s, 1),
@@ -341,6 +354,7 @@ def write(args, shared: dict | None, rows: list[dict], load_before, final: bool 
         "bias_correction",
         "inplace_statistics",
         "fold_statistics",
+        "overflow_fix",
         "records",
         "shared_s",
         "est_build_s",
@@ -391,10 +405,13 @@ def write(args, shared: dict | None, rows: list[dict], load_before, final: bool 
             "- fold_statistics True: the weights' reductions NNCF puts in its statistics model are computed with "
             "numpy before OpenVINO compiles it (fastdiff.engines.nncf_folding.fold_constant_statistics), instead of "
             "by OpenVINO's constant folding during the compile.",
+            "- overflow_fix: NNCF's OverflowFix, which weights are quantised to half the int8 range (7 bits) so "
+            "that u8 x s8 pair sums fit int16 on CPUs without VNNI: first_layer_only (NNCF's default; rows "
+            "without the column), enable (every Convolution and MatMul) or disable.",
             "- step_s: median of round-robin repetitions with eager in the same process (vs_eager = eager/step). "
-            "The 2 cores were shared with other, unlocked jobs (load_1min 3-7): vs_eager is distorted (eager, "
-            "2 OpenMP threads, slowed 4-5x against 2.2-3.1 s in quiet runs; the engine far less); compare "
-            "step_s between candidates of one run only. A missing source means onnx; a missing "
+            "Where load_1min is well above 2 (engines-cpu-int8-build-256-avx512: 3-7, other unlocked jobs) "
+            "vs_eager is distorted (eager, 2 OpenMP threads, slowed 4-5x against 2.2-3.1 s in quiet runs; "
+            "the engine far less); compare step_s between candidates of one run only. A missing source means onnx; a missing "
             "inplace_statistics/fold_statistics means True/False (columns added after run 1).",
             "- Load average: " + loads + ".",
         ]
