@@ -102,15 +102,26 @@ def _tiny_rerun(tiny_name, suffix):
     return data if ok else None
 
 
+# The AVX2 machine's tiny end-to-end files, quoted beside the AVX-512 machine's judged one.
+AVX2_TINY = {
+    "engines-tiny-e2e": "earlier machine (AVX2 only, engines-tiny-e2e)",
+    "engines-tiny-e2e-avx2-overflow": "AVX2 only with the defaults of 2026-12-06 (int8: 7-bit weights without "
+    "VNNI, QuantConfig.overflow_fix), engines-tiny-e2e-avx2-overflow",
+}
+
+
 def _earlier_tiny(tiny_name) -> str:
     """The AVX2 machine's tiny end-to-end points, when the AVX-512 file is the one judged."""
-    old = _load("engines-tiny-e2e") if tiny_name.endswith(AVX512) else None
-    if not old:
-        return ""
-    base = next(r for r in old["rows"] if r["variant"] == "eager")
-    return "; earlier machine (AVX2 only, engines-tiny-e2e): " + ", ".join(
-        f"{r['variant']} {100 * (r['all'] - base['all']):+.1f}" for r in old["rows"] if r is not base
-    )
+    out = ""
+    for name, label in AVX2_TINY.items():
+        old = _load(name) if tiny_name.endswith(AVX512) else None
+        if not old:
+            continue
+        base = next(r for r in old["rows"] if r["variant"] == "eager")
+        out += f"; {label}: " + ", ".join(
+            f"{r['variant']} {100 * (r['all'] - base['all']):+.1f}" for r in old["rows"] if r is not base
+        )
+    return out
 
 
 def _hint_pair(side) -> str:
