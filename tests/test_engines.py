@@ -870,12 +870,18 @@ def test_grouped_histogram_calibration_gives_onnx_runtimes_ranges(
             memory_gb=memory_gb,
         )
         assert set(got.keys()) == set(expected.keys()) and len(expected.keys()) > 20
+        moved = {}
         for name in expected.keys():
             # Batch-1 kernels round differently from ORT's batch-2 session: 114 of 191 ranges moved
             # by at most 9.6e-7 of their size. A grouping or collection error moves them by far more.
             want = np.asarray(expected[name].range_value)
-            got_range = np.asarray(got[name].range_value)
-            assert np.abs(got_range - want).max() <= 4e-6 * np.abs(want).max(), name
+            err = np.abs(np.asarray(got[name].range_value) - want).max() / np.abs(want).max()
+            if err > 4e-6:
+                moved[name] = err
+        # Histogram ranges are bin edges: rounding can carry one value over an edge and move a range by
+        # one bin of ORT's 2048 over +-max|x| (AVX2-only CPU: 1 of 191 moved 9.6e-4 of its size), never
+        # many ranges at once nor by more than a bin or two.
+        assert len(moved) <= 2 and all(e <= 2 * 2 / 2048 for e in moved.values()), moved
     assert len(groups[0]) > len(expected.keys()) // 2 and len(groups[1]) == 1  # tiny tensors may share
     assert arenas and not any(arenas)
     assert records[0]["sample"].shape[0] == 2 and batches == {1}
