@@ -185,9 +185,12 @@ def statistics_hint(quant, runtime, precision: str) -> str:
 def auto_candidates(calibrated: bool, native_bf16: bool) -> list[str]:
     """The precisions "auto" tries, fastest first, as measured on this project's CPUs.
 
-    int8 (needs calibration records) is the fastest wherever it was measured: 3.97x eager against 3.22x
-    for bf16 on the full SD1.5 U-Net at 256^2, 2.12x against 1.61x on fastdiff-tiny end to end, both on
-    the AVX512-BF16 machine (results/engines-cpu-sd15-256-avx512.md, engines-tiny-e2e-avx512-int8-bf16hint.md).
+    int8 (needs calibration records) is the fastest on the AVX512-BF16 machine: 3.97x eager against 3.22x
+    for bf16 on the full SD1.5 U-Net at 256^2, 2.12x against 1.61x on fastdiff-tiny end to end
+    (results/engines-cpu-sd15-256-avx512.md, engines-tiny-e2e-avx512-int8-bf16hint.md). Without VNNI (the
+    AVX2-only machine) it is barely ahead of fp32 on the full SD1.5 U-Net (1.55x against 1.43x in one process,
+    engines-cpu-sd15-256.md run 7) and behind it on fastdiff-tiny end to end (1.56x against 1.95x,
+    engines-tiny-e2e-avx2-overflow.md); the order is kept for the SD1.5-sized U-Nets engines are for.
     mixed quantises a subset of int8's layers, so it follows int8; where bf16 is native, bf16 beat mixed
     (3.22x against 2.82x at 256^2; 1.80x against 1.19x on fastdiff-tiny) at a higher SNR, so mixed is
     tried only where bf16 would be emulated."""
