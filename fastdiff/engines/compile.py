@@ -90,9 +90,9 @@ def compile_engine(
 
     OpenVINO precisions: "fp32", "bf16" (native only with AVX512-BF16/AMX), "int8" (NNCF on the
     calibration records), "mixed" (int8 minus the sensitive groups, which run at bf16 where the
-    CPU has it, else fp32) and "auto": the first of int8 (if calibration is given), bf16 (if native
-    here; else mixed, if calibration is given) and fp32 that passes the quality gate (fastest first,
-    as measured: :func:`fastdiff.engines.openvino_build.auto_candidates`). int8 and mixed run their
+    CPU has it, else fp32) and "auto": the first of int8 (with calibration), bf16 (if native, else mixed
+    with calibration) and fp32 that passes the gate (fastest first: :func:`.openvino_build.auto_candidates`;
+    without VNNI timed against fp32, ``build_info["auto_race"]``). int8 and mixed run their
     unquantised layers at the bf16 hint where native (``engine.build_info["hint"]``).
     ``engine.build_info["high_precision_layers"]`` lists the weighted layers left unquantised.
 

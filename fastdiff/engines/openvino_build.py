@@ -20,12 +20,16 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import os
+import statistics
 import warnings
 from pathlib import Path
+from time import perf_counter
 
 import torch
 
 from . import ov_sensitivity, runtime_ov
+from .cache import cache_root, make_key
 from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape
 from .mapped import weight_files
 from .quality import QualityGateError
@@ -190,7 +194,7 @@ def auto_candidates(calibrated: bool, native_bf16: bool) -> list[str]:
     (results/engines-cpu-sd15-256-avx512.md, engines-tiny-e2e-avx512-int8-bf16hint.md). Without VNNI (the
     AVX2-only machine) it is barely ahead of fp32 on the full SD1.5 U-Net (1.55x against 1.43x in one process,
     engines-cpu-sd15-256.md run 7) and behind it on fastdiff-tiny end to end (1.56x against 1.95x,
-    engines-tiny-e2e-avx2-overflow.md); the order is kept for the SD1.5-sized U-Nets engines are for.
+    engines-tiny-e2e-avx2-overflow.md), so there :func:`compile_auto` times its pick against fp32.
     mixed quantises a subset of int8's layers, so it follows int8; where bf16 is native, bf16 beat mixed
     (3.22x against 2.82x at 256^2; 1.80x against 1.19x on fastdiff-tiny) at a higher SNR, so mixed is
     tried only where bf16 would be emulated."""
@@ -202,11 +206,37 @@ def auto_candidates(calibrated: bool, native_bf16: bool) -> list[str]:
     return candidates + ["fp32"]
 
 
+def races_fp32() -> bool:
+    """Whether "auto" times its quantised pick against fp32: on CPUs without VNNI, where int8's lead
+    depends on the U-Net (see :func:`auto_candidates`)."""
+    from .cpu import has_vnni
+
+    return not has_vnni()
+
+
+def step_seconds(engines: list, record: dict, reps: int = 3) -> dict[str, float]:
+    """Median seconds of one engine step on ``record`` per precision: a warm-up call each, then ``reps``
+    calls timed round-robin, so a change of machine load hits every engine alike."""
+    times = {e.precision: [] for e in engines}
+    for e in engines:
+        e.runner(record)
+    for _ in range(reps):
+        for e in engines:
+            start = perf_counter()
+            e.runner(record)
+            times[e.precision].append(perf_counter() - start)
+    return {p: statistics.median(t) for p, t in times.items()}
+
+
 def compile_auto(compile_engine, call: dict):
-    """OpenVINO "auto": the first of :func:`auto_candidates` that passes the quality gate here."""
+    """OpenVINO "auto": the first of :func:`auto_candidates` that passes the quality gate here; where
+    :func:`races_fp32`, that engine or fp32, whichever runs a step faster (the race is stored in the cache)."""
     candidates = auto_candidates(call["calibration"] is not None, runtime_ov.openvino_has_bf16())
     params = set(inspect.signature(compile_engine).parameters) - {"pipe_or_unet", "precision"}
     kwargs = {k: v for k, v in call.items() if k in params}
+    race = races_fp32() and candidates[0] != "fp32"
+    if race:  # install only the winner
+        kwargs["install"] = False
     failures = []
     for i, precision in enumerate(candidates):
         last = i == len(candidates) - 1
@@ -217,6 +247,36 @@ def compile_auto(compile_engine, call: dict):
             if last:
                 raise
             continue
+        if race and not last:
+            fp32 = compile_engine(call["pipe_or_unet"], precision="fp32", **kwargs)
+            engine = _race(engine, fp32, call)
         engine.build_info["auto_rejected"] = failures
+        if race and call["install"]:
+            from .compile import _install, _resolve
+
+            pipe, _ = _resolve(call["pipe_or_unet"])
+            if pipe is not None:
+                _install(pipe, engine)
         return engine
     raise AssertionError("unreachable")
+
+
+def _race(quantised, fp32, call: dict):
+    """The faster of two gate-passing engines, timed on one of the call's records (or the stored race)."""
+    from .cpu import engine_flags
+
+    ident = [quantised.build_info["key"], fp32.build_info["key"], engine_flags(), os.cpu_count()]
+    path = cache_root(call["cache_dir"]) / "auto-races" / f"{make_key({'race': ident})}.json"
+    stored = json.loads(path.read_text()) if call["use_cache"] and path.is_file() else None
+    seconds = stored["seconds"] if stored else None
+    if seconds is None:
+        record = next(iter(call["quality_inputs"] or call["calibration"]))
+        seconds = step_seconds([quantised, fp32], record)
+        if call["use_cache"]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"seconds": seconds, "engines": ident}, indent=2))
+            os.replace(tmp, path)
+    winner = fp32 if seconds["fp32"] < seconds[quantised.precision] else quantised
+    winner.build_info["auto_race"] = {"seconds": seconds, "stored": stored is not None}
+    return winner
