@@ -300,14 +300,14 @@ def cpu_suite(args):
     import os
 
     from _common import RESULTS_DIR
-    from engines_cpu import ROWS, header, run_rows
+    from engines_cpu import EXTRA_ROWS, ROWS, header, run_rows
 
     from fastdiff.engines.cpu import has_bf16, has_vnni
 
     args.rows = args.rows.split(",")
-    unknown = set(args.rows) - set(ROWS)
+    unknown = set(args.rows) - set(ROWS) - set(EXTRA_ROWS)
     if unknown:
-        raise SystemExit(f"unknown --rows {sorted(unknown)}; valid: {list(ROWS)}")
+        raise SystemExit(f"unknown --rows {sorted(unknown)}; valid: {list(ROWS + EXTRA_ROWS)}")
     pipe, args.side = make_pipeline(args.model, args.side)
     name = args.name or f"engines-cpu-{args.model}-{args.side}"
     work = Path(args.workdir or f"/tmp/fastdiff-bench-{name}")
@@ -346,6 +346,8 @@ def cpu_suite(args):
         "high_precision_layers",
         "load_1min",
     ]
+    if any("picked" in r for r in prior + new):  # ov-auto: the precision it installed
+        cols.insert(cols.index("step_s"), "picked")
     notes = (
         f"- {args.model} U-Net, one step = batch 2 (CFG pair) at {args.side}x{args.side} px; SNR vs eager PyTorch "
         f"fp32 on {args.quality_records} held-back recorded inputs; calibration {args.calib_prompts} prompts x "

@@ -119,7 +119,7 @@ def main(argv=None):
             if variant != "eager":
                 backend, precision = variant.split("-")
                 kwargs = {}
-                if precision in ("int8", "mixed"):  # both calibrate on the recorded training prompts
+                if precision in ("int8", "mixed", "auto"):  # calibrate on the recorded training prompts
                     if calib is None:
                         train = [
                             a.prompt for a in sample_attributes(args.calib_prompts, seed=0, split="train")
@@ -133,7 +133,7 @@ def main(argv=None):
                     backend={"ov": "openvino", "ort": "onnxruntime"}[backend],
                     precision=precision,
                     cache_dir=work / "cache",
-                    gate=GateConfig(min_snr_db=None),
+                    gate=GateConfig() if precision == "auto" else GateConfig(min_snr_db=None),
                     **kwargs,
                 )
                 build_s = time.perf_counter() - t0
@@ -141,6 +141,10 @@ def main(argv=None):
                 info = {"high_precision_layers": len(engine.build_info.get("high_precision_layers", []))}
                 if "hint" in engine.build_info:  # OpenVINO: the precision its unquantised layers ran at
                     info["hint"] = engine.build_info["hint"]
+                if precision == "auto":  # what it picked, and the step times it raced on (no VNNI)
+                    info["picked"] = engine.precision
+                    race = engine.build_info.get("auto_race", {}).get("seconds", {})
+                    info.update({f"race_{p}_s": round(v, 4) for p, v in race.items()})
             t0 = time.perf_counter()
             images = _generate(pipe, prompts, seeds, STEPS)
             secs = time.perf_counter() - t0
@@ -206,6 +210,13 @@ def main(argv=None):
     ]
     if any("hint" in r for r in rows):
         cols.insert(cols.index("build_s"), "hint")
+    race = sorted({k for r in rows for k in r if k.startswith("race_")})
+    if any("picked" in r for r in rows):
+        cols[cols.index("build_s") : cols.index("build_s")] = ["picked", *race]
+        notes.append(
+            '- auto: compile_engine(precision="auto") with the default quality gate; picked: the precision it '
+            "installed; race_*_s: the one-step times it chose by (no VNNI: its quantised pick against fp32)."
+        )
     paths = write_results(args.name, rows, meta, cols, notes="\n".join(notes))
     log("wrote", *paths)
 
