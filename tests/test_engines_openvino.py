@@ -311,7 +311,7 @@ def test_auto_without_vnni_installs_the_faster_of_int8_and_fp32_and_stores_the_r
 ):
     """#14: without VNNI OpenVINO int8 beat fp32 on SD1.5 (1.55x against 1.43x) but lost on fastdiff-tiny
     (1.56x against 1.95x), so "auto" times both there; the stored race spares a cached rebuild the timing."""
-    root, _ = int8_cache
+    root, int8 = int8_cache
     timed = []
 
     def fake_seconds(engines, record):
@@ -331,6 +331,7 @@ def test_auto_without_vnni_installs_the_faster_of_int8_and_fp32_and_stores_the_r
         slower = "fp32" if faster == "int8" else "int8"
         assert engine.build_info["auto_race"] == {"seconds": {faster: 1.0, slower: 2.0}, "stored": False}
         assert [i.kind for i in installed.installations(pipe)] == ["engine"]
+        assert engine.quality["inputs"] == int8.quality["inputs"]  # fp32 judged on int8's held-back records
     finally:
         installed.undo_all(pipe)
     assert pipe.unet is original

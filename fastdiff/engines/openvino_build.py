@@ -30,6 +30,7 @@ import torch
 
 from . import ov_sensitivity, runtime_ov
 from .cache import cache_root, make_key
+from .config import QuantConfig
 from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape
 from .mapped import weight_files
 from .quality import QualityGateError
@@ -235,20 +236,25 @@ def compile_auto(compile_engine, call: dict):
     params = set(inspect.signature(compile_engine).parameters) - {"pipe_or_unet", "precision"}
     kwargs = {k: v for k, v in call.items() if k in params}
     race = races_fp32() and candidates[0] != "fp32"
+    # A float candidate is judged on the records a quantised one holds back (else on every record).
+    calib, held = call["calibration"], {}
+    if call["quality_inputs"] is None and calib is not None and len(calib) >= 2:
+        held = {"quality_inputs": calib.split((call["quant"] or QuantConfig()).holdout_every)[1]}
     if race:  # install only the winner
         kwargs["install"] = False
     failures = []
     for i, precision in enumerate(candidates):
         last = i == len(candidates) - 1
         try:
-            engine = compile_engine(call["pipe_or_unet"], precision=precision, **kwargs)
+            extra = {} if precision in QUANTISED else held
+            engine = compile_engine(call["pipe_or_unet"], precision=precision, **{**kwargs, **extra})
         except QualityGateError as e:  # noqa: PERF203
             failures.append(f"{precision}: {e}")
             if last:
                 raise
             continue
         if race and not last:
-            fp32 = compile_engine(call["pipe_or_unet"], precision="fp32", **kwargs)
+            fp32 = compile_engine(call["pipe_or_unet"], precision="fp32", **{**kwargs, **held})
             engine = _race(engine, fp32, call)
         engine.build_info["auto_rejected"] = failures
         if race and call["install"]:
