@@ -92,6 +92,25 @@ def test_tokenizer_makes_every_vocab_word_one_token():
         assert len(tok(word, add_special_tokens=False).input_ids) == 1, word
 
 
+def test_tokenizers_built_without_a_folder_leave_no_temporary_folder(tmp_path, monkeypatch):
+    """Each call used to leave a folder in the system temp dir (hundreds after a test run)."""
+    import tempfile
+
+    from fastdiff.testing.tokenizer import build_clip_tokenizer
+    from fastdiff.tiny.models import build_tokenizer
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    tiny, plain = build_tokenizer(), build_clip_tokenizer(["purple", "square"])
+    assert list(scratch.iterdir()) == []
+    # Loaded into memory: they still tokenize and save after their folder is gone.
+    assert len(tiny("purple square", add_special_tokens=False).input_ids) == 2
+    assert len(plain("purple square", add_special_tokens=False).input_ids) == 2
+    plain.save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "tokenizer_config.json").is_file()
+
+
 # ----------------------------------------------------------------------------- weights
 
 

@@ -43,9 +43,13 @@ def build_clip_tokenizer(words=(), save_dir: str | None = None, model_max_length
 
     Args:
         words: lower-case words to make single tokens (e.g. a prompt grammar's vocabulary).
-        save_dir: where to write vocab.json / merges.txt; a temporary folder if None.
+        save_dir: where to write vocab.json / merges.txt; if None, a temporary folder removed once the
+            tokenizer is loaded (it holds its vocabulary in memory).
         model_max_length: padding length, 77 as in Stable Diffusion.
     """
+    if save_dir is None:
+        with tempfile.TemporaryDirectory(prefix="fastdiff-tok-") as tmp:
+            return build_clip_tokenizer(words, tmp, model_max_length)
     vocab: dict[str, int] = {}
 
     def add(tok: str) -> None:
@@ -72,7 +76,6 @@ def build_clip_tokenizer(words=(), save_dir: str | None = None, model_max_length
     for tok in _SPECIAL:
         add(tok)
 
-    save_dir = save_dir or tempfile.mkdtemp(prefix="fastdiff-tok-")
     os.makedirs(save_dir, exist_ok=True)
     vocab_file = os.path.join(save_dir, "vocab.json")
     merges_file = os.path.join(save_dir, "merges.txt")

@@ -98,6 +98,7 @@ def build_tokenizer(save_dir: str | None = None):
     pur|pl|e). The builder's merges are therefore re-ranked (same merges, same
     vocabulary) in a word order where no word is split, found by moving split
     words to the front until none is; the result is checked before returning.
+    ``save_dir=None``: a temporary folder, removed once the tokenizer is loaded.
     """
     import tempfile
 
@@ -105,7 +106,9 @@ def build_tokenizer(save_dir: str | None = None):
 
     from fastdiff.testing.tokenizer import build_clip_tokenizer
 
-    save_dir = save_dir or tempfile.mkdtemp(prefix="fastdiff-tiny-tok-")
+    if save_dir is None:
+        with tempfile.TemporaryDirectory(prefix="fastdiff-tiny-tok-") as tmp:
+            return build_tokenizer(tmp)
     build_clip_tokenizer(VOCAB, save_dir=save_dir, model_max_length=MAX_TOKENS)
     order = sorted(set(VOCAB))
     for _ in range(100):
