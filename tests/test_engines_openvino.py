@@ -337,6 +337,10 @@ def test_auto_without_vnni_installs_the_faster_of_int8_and_fp32_and_stores_the_r
     assert pipe.unet is original
     again = compile_engine(pipe.unet, **kwargs)
     assert again.precision == faster and again.build_info["auto_race"]["stored"] and len(timed) == 1
+    (race_file,) = (root / "auto-races").iterdir()
+    race_file.write_text("{not json")  # an unreadable race is run again
+    third = compile_engine(pipe.unet, **kwargs)
+    assert third.precision == faster and not third.build_info["auto_race"]["stored"] and len(timed) == 2
 
 
 def test_step_seconds_warms_up_then_times_round_robin(monkeypatch):

@@ -273,9 +273,14 @@ def _race(quantised, fp32, call: dict):
 
     ident = [quantised.build_info["key"], fp32.build_info["key"], engine_flags(), os.cpu_count()]
     path = cache_root(call["cache_dir"]) / "auto-races" / f"{make_key({'race': ident})}.json"
-    stored = json.loads(path.read_text()) if call["use_cache"] and path.is_file() else None
-    seconds = stored["seconds"] if stored else None
-    if seconds is None:
+    seconds, stored = None, False
+    if call["use_cache"]:
+        try:  # a missing or unreadable race is run (again), as an invalid cache entry is rebuilt
+            seconds = json.loads(path.read_text())["seconds"]
+            stored = {quantised.precision, "fp32"} == set(seconds)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    if not stored:
         record = next(iter(call["quality_inputs"] or call["calibration"]))
         seconds = step_seconds([quantised, fp32], record)
         if call["use_cache"]:
@@ -284,5 +289,5 @@ def _race(quantised, fp32, call: dict):
             tmp.write_text(json.dumps({"seconds": seconds, "engines": ident}, indent=2))
             os.replace(tmp, path)
     winner = fp32 if seconds["fp32"] < seconds[quantised.precision] else quantised
-    winner.build_info["auto_race"] = {"seconds": seconds, "stored": stored is not None}
+    winner.build_info["auto_race"] = {"seconds": seconds, "stored": stored}
     return winner
