@@ -342,9 +342,9 @@ def _read_layers(entry: Path) -> dict:
 
 
 def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
+    from .cache import _write_json  # (a top-level import would take this file past 350 lines)
+
     meta_path = cache.entry_dir(key) / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["quality"] = {"inputs": quality_key, "result": quality}
-    tmp = meta_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    os.replace(tmp, meta_path)
+    _write_json(meta_path, meta)

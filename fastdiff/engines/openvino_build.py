@@ -29,7 +29,7 @@ from time import perf_counter
 import torch
 
 from . import ov_sensitivity, runtime_ov
-from .cache import cache_root, make_key
+from .cache import _write_json, cache_root, make_key
 from .config import QuantConfig
 from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape
 from .mapped import weight_files
@@ -285,9 +285,7 @@ def _race(quantised, fp32, call: dict):
         seconds = step_seconds([quantised, fp32], record)
         if call["use_cache"]:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"seconds": seconds, "engines": ident}, indent=2))
-            os.replace(tmp, path)
+            _write_json(path, {"seconds": seconds, "engines": ident})
     winner = fp32 if seconds["fp32"] < seconds[quantised.precision] else quantised
     winner.build_info["auto_race"] = {"seconds": seconds, "stored": stored}
     return winner
