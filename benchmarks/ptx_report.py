@@ -23,12 +23,14 @@ imported; this script runs unchanged with another Triton (e.g. the GPU image's 3
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import glob
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,8 +40,10 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, never interpret
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default today; silences 3.9's warning
-# a fresh compile cache, so compile times are real compiles (not cache hits) and old binaries never answer
+# a fresh compile cache, so compile times are real compiles (not cache hits) and old binaries never answer;
+# removed at exit (it holds every compiled binary)
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastdiff-ptx-report-")
+atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))

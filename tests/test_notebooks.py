@@ -25,8 +25,10 @@ def test_notebook_is_stripped(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_small(path, monkeypatch):
+def test_notebook_runs_small(path, monkeypatch, tmp_path):
     monkeypatch.setenv("FASTDIFF_NOTEBOOK_SMALL", "1")
+    # what a notebook writes goes where pytest cleans up, not into a folder of its own in /tmp
+    monkeypatch.setenv("FASTDIFF_NOTEBOOK_OUT", str(tmp_path))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv(
         "OMP_NUM_THREADS", "1"
@@ -39,4 +41,6 @@ def test_notebook_runs_small(path, monkeypatch):
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+    if "sweep(" in "".join(c.source for c in nb.cells):
+        assert (tmp_path / "rows.json").exists(), "a notebook's sweep should write into FASTDIFF_NOTEBOOK_OUT"
     assert os.environ["FASTDIFF_NOTEBOOK_SMALL"] == "1"

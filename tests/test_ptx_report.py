@@ -5,6 +5,7 @@ the script's reason) only where this Triton build cannot compile for CUDA at all
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +15,17 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ptx_report.py"
 
 
-def test_subset_compiles_for_hopper_without_spills():
+def test_subset_compiles_for_hopper_without_spills(tmp_path):
     kernels = "winograd_input,winograd_gemm,winograd_output,gn_silu_one_pass"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--only", kernels, "--match", "float16", "--limit", "1"],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
+    # its fresh Triton cache (every compiled binary) is removed at exit, not left in the temp folder
+    assert not list(tmp_path.glob("fastdiff-ptx-report-*")), proc.stderr
     if proc.returncode == 2 and "cannot compile for sm_90a" in proc.stdout:
         pytest.skip(proc.stdout.strip())
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
