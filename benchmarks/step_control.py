@@ -229,7 +229,7 @@ class Tiny:
             ]
         )
 
-    def run(self, scheduler, steps=None, controller=None):
+    def run(self, scheduler, steps=None, controller=None, callback=None):
         with torch.no_grad():
             return sample(
                 self.model,
@@ -237,6 +237,7 @@ class Tiny:
                 scheduler=scheduler,
                 num_inference_steps=steps,
                 controller=controller,
+                callback=callback,
             )
 
     @torch.no_grad()
