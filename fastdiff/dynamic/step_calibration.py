@@ -4,7 +4,7 @@ The question a step planner must answer is "how many steps does *this* image nee
 measured directly: for every image, the fewest steps of a fixed candidate list whose output reaches
 ``threshold_db`` PSNR against the same noise's long reference run (:func:`steps_needed`). A complexity
 signal is worth using only if it predicts that need, judged by Spearman's rank correlation
-(:func:`spearman`, Spearman 1904: Pearson's correlation of the ranks, ties given their mean rank).
+(:func:`spearman`, Spearman 1904: Pearson's correlation of the ranks).
 :func:`fit_bins` turns (signal, need) pairs into the table :class:`~fastdiff.dynamic.AutoSteps` reads.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["steps_needed", "rank", "spearman", "fit_bins", "NOT_REACHED"]
+__all__ = ["steps_needed", "spearman", "fit_bins", "NOT_REACHED"]
 
 NOT_REACHED = math.inf  # the need of an image that no candidate brought to the threshold
 
@@ -39,37 +39,20 @@ def steps_needed(psnr_by_steps: Mapping[int, float], threshold_db: float) -> flo
     return NOT_REACHED
 
 
-def rank(values: Sequence[float]) -> list[float]:
-    """1-based ranks; tied values share the mean of the ranks they span (inf sorts last)."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation of ``x`` and ``y`` (NaN when either is constant)."""
+    """Spearman's rank correlation of ``x`` and ``y`` (:func:`scipy.stats.spearmanr`; inf ranks last, ties share
+    their mean rank); NaN when either is constant."""
     if len(x) != len(y):
         raise ValueError(f"spearman needs equal lengths, got {len(x)} and {len(y)}")
     if len(x) < 2:
         raise ValueError(f"spearman needs at least 2 pairs, got {len(x)}")
     if any(isinstance(v, float) and math.isnan(v) for v in (*x, *y)):
         raise ValueError("spearman got NaN; drop those pairs first")
-    rx, ry = rank(x), rank(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    vx = sum((a - mx) ** 2 for a in rx)
-    vy = sum((b - my) ** 2 for b in ry)
-    if vx == 0 or vy == 0:
-        return math.nan
-    return cov / math.sqrt(vx * vy)
+    if len(set(x)) == 1 or len(set(y)) == 1:
+        return math.nan  # scipy returns NaN too, with a warning
+    from scipy.stats import spearmanr  # here, not at import: scipy.stats takes ~0.3 s to load
+
+    return float(spearmanr(x, y).statistic)
 
 
 def fit_bins(
