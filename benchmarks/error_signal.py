@@ -17,6 +17,8 @@ premise directly on the trained model, on the images every step-control table us
   maximum or the sum over the steps in a sigma band, are ranked against the image's PSNR deficit (minus its
   PSNR against the converged reference of ``benchmarks/_reference.py``): Spearman rho;
 * AdaptiveScheduler itself at two tolerances: rho between its per-image NFE and the fixed run's deficit;
+* for contrast, a global estimate: how far two whole fixed runs of an image disagree (PSNR between their
+  images, what a two-run check would read at the cost of both runs), ranked against the finer run's deficit;
 * the ceiling any per-image predictor faces: rho between the deficits of two fixed runs of the same images.
 
 Images: 72 training prompts (``sample_attributes(72, seed=11, split="train")``, noise seed 500 + i) and the
@@ -37,16 +39,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS_DIR, env_info, hardware_line, load_average, markdown_table  # noqa: E402
 from benchmarks.step_control import Tiny, _adaptive, _base_scheduler  # noqa: E402
 from fastdiff import metrics  # noqa: E402
+from fastdiff.dynamic.step_calibration import spearman  # noqa: E402
 
 NAME = "error_signal"
 FIXED = ((14, 5.0), (18, 5.0), (24, 5.0), (18, None), (30, None))  # (steps, Karras rho; None: "auto")
+# pairs of FIXED whose disagreement is ranked against the second one's deficit
+TWO_RUN = (((14, 5.0), (18, 5.0)), ((18, None), (18, 5.0)), ((18, 5.0), (24, 5.0)), ((18, None), (30, None)))
 ADAPTIVE_RTOL = (0.2, 0.1)  # step_control's tiny grid: ~18 and ~24 mean NFE
 BANDS = {
     "all": (0.0, math.inf),
@@ -81,11 +85,12 @@ def local_estimates(x0s: list[torch.Tensor], sigmas: list[float]) -> list[tuple[
 
 
 def _rho(signal, deficit) -> float:
-    return round(float(spearmanr(signal, deficit)[0]), 3)
+    return round(spearman([float(v) for v in signal], [float(v) for v in deficit]), 3)
 
 
 def run_set(tiny: Tiny, ref_img: torch.Tensor, name: str, log) -> dict:
-    out = {"fixed": {}, "signals": [], "adaptive": []}
+    out = {"fixed": {}, "signals": [], "adaptive": [], "two_run": []}
+    images = {}
     for n, rho in FIXED:
         x0s, sig = [], []
 
@@ -96,8 +101,9 @@ def run_set(tiny: Tiny, ref_img: torch.Tensor, name: str, log) -> dict:
         res = tiny.run(
             _base_scheduler(tiny.pipe.scheduler, "variance" if rho else "denoised", rho), n, callback=record
         )
-        p = metrics.psnr(tiny.decode(res.latents), ref_img, data_range=1.0, reduction="none")
         label = _label(n, rho)
+        images[label] = tiny.decode(res.latents)
+        p = metrics.psnr(images[label], ref_img, data_range=1.0, reduction="none")
         out["fixed"][label] = [round(float(v), 2) for v in p]
         est = local_estimates(x0s, sig)
         for band, (lo, hi) in BANDS.items():
@@ -106,6 +112,13 @@ def run_set(tiny: Tiny, ref_img: torch.Tensor, name: str, log) -> dict:
                 out["signals"].append({"set": name, "run": label, "norm": norm, "band": band,
                                        "rho_max": _rho(v.amax(0), -p), "rho_sum": _rho(v.sum(0), -p)})  # fmt: skip
         log(f"{name} {label}: worst {float(p.min()):.2f} dB, load {load_average()}")
+    # a global estimate for contrast: how far two whole fixed runs of an image disagree (what a two-run check
+    # would read, at the cost of both runs), ranked against the finer run's deficit
+    for (na, ra), (nb, rb) in TWO_RUN:
+        a, b = _label(na, ra), _label(nb, rb)
+        gap = metrics.psnr(images[a], images[b], data_range=1.0, reduction="none")
+        deficit_b = [-v for v in out["fixed"][b]]
+        out["two_run"].append({"set": name, "runs": f"{a} ~ {b}", "nfe": na + nb, "rho_vs_deficit": _rho(-gap, deficit_b)})  # fmt: skip
     base = out["fixed"][_label(18, 5.0)]
     for rtol in ADAPTIVE_RTOL:
         res = tiny.run(_adaptive(rtol, tiny.pipe.scheduler, final_step="variance"))
@@ -175,6 +188,10 @@ def _report(data: dict) -> str:
             lines.append(f"- {s}: AdaptiveScheduler rtol {a['rtol']} ({a['nfe_mean']} NFE, {a['nfe_min']}-"
                          f"{a['nfe_max']} per image): rho of its NFE with fixed 18's deficit {a['rho_nfe_vs_fixed18_deficit']}, "
                          f"with its own {a['rho_nfe_vs_own_deficit']}; worst image {a['psnr_worst']} dB.")  # fmt: skip
+    for s in sets:
+        for t in data["sets"][s].get("two_run", []):
+            lines.append(f"- {s}: two whole runs' disagreement (PSNR between their images) {t['runs']}, "
+                         f"{t['nfe']} NFE per image: rho with the second run's deficit {t['rho_vs_deficit']}.")  # fmt: skip
     for s in sets:
         c = data["sets"][s]["consistency"]
         lines.append(f"- {s}: how consistently the same images are hard (rho between two fixed runs' deficits): "
