@@ -57,6 +57,8 @@ def _launch(spec_path, out, procs: int):
             "torch.distributed.run",
             "--standalone",
             f"--nproc_per_node={procs}",
+            # torchrun's agent logs go to a mkdtemp folder in /tmp that it never removes, unless told where
+            f"--log-dir={Path(out).parent / 'torchrun-logs'}",
         ]
         cmd = [*torchrun, "-m", "fastdiff.cli", "sweep", str(spec_path)]
     return subprocess.Popen(
