@@ -49,9 +49,10 @@ from fastdiff.dynamic.step_calibration import spearman  # noqa: E402
 
 NAME = "error_signal"
 FIXED = ((14, 5.0), (18, 5.0), (24, 5.0), (18, None), (30, None))  # (steps, Karras rho; None: "auto")
-# pairs of FIXED whose disagreement is ranked against the second one's deficit
+# pairs of FIXED: how well one run's deficit ranks the other's (the ceiling), and how far their images disagree,
+# ranked against the second one's deficit (a global estimate)
 TWO_RUN = (((14, 5.0), (18, 5.0)), ((18, None), (18, 5.0)), ((18, 5.0), (24, 5.0)), ((18, None), (30, None)))
-ADAPTIVE_RTOL = (0.2, 0.1)  # step_control's tiny grid: ~18 and ~24 mean NFE
+ADAPTIVE_RTOL = (0.2, 0.1)  # from step_control's tiny grid (21-25 mean NFE on these images)
 BANDS = {
     "all": (0.0, math.inf),
     "sigma 1.5-8": (1.5, 8.0),
@@ -89,7 +90,7 @@ def _rho(signal, deficit) -> float:
 
 
 def run_set(tiny: Tiny, ref_img: torch.Tensor, name: str, log) -> dict:
-    out = {"fixed": {}, "signals": [], "adaptive": [], "two_run": []}
+    out = {"fixed": {}, "signals": [], "adaptive": [], "two_run": [], "consistency": {}}
     images = {}
     for n, rho in FIXED:
         x0s, sig = [], []
@@ -112,12 +113,13 @@ def run_set(tiny: Tiny, ref_img: torch.Tensor, name: str, log) -> dict:
                 out["signals"].append({"set": name, "run": label, "norm": norm, "band": band,
                                        "rho_max": _rho(v.amax(0), -p), "rho_sum": _rho(v.sum(0), -p)})  # fmt: skip
         log(f"{name} {label}: worst {float(p.min()):.2f} dB, load {load_average()}")
-    # a global estimate for contrast: how far two whole fixed runs of an image disagree (what a two-run check
-    # would read, at the cost of both runs), ranked against the finer run's deficit
+    # per pair of fixed runs: how consistently the same images are hard, and, for contrast, a global estimate: how
+    # far the two runs' images disagree (what a two-run check would read, at the cost of both runs)
     for (na, ra), (nb, rb) in TWO_RUN:
         a, b = _label(na, ra), _label(nb, rb)
+        deficit_a, deficit_b = ([-v for v in out["fixed"][k]] for k in (a, b))
+        out["consistency"][f"{a} ~ {b}"] = _rho(deficit_a, deficit_b)
         gap = metrics.psnr(images[a], images[b], data_range=1.0, reduction="none")
-        deficit_b = [-v for v in out["fixed"][b]]
         out["two_run"].append({"set": name, "runs": f"{a} ~ {b}", "nfe": na + nb, "rho_vs_deficit": _rho(-gap, deficit_b)})  # fmt: skip
     base = out["fixed"][_label(18, 5.0)]
     for rtol in ADAPTIVE_RTOL:
@@ -189,7 +191,7 @@ def _report(data: dict) -> str:
                          f"{a['nfe_max']} per image): rho of its NFE with fixed 18's deficit {a['rho_nfe_vs_fixed18_deficit']}, "
                          f"with its own {a['rho_nfe_vs_own_deficit']}; worst image {a['psnr_worst']} dB.")  # fmt: skip
     for s in sets:
-        for t in data["sets"][s].get("two_run", []):
+        for t in data["sets"][s]["two_run"]:
             lines.append(f"- {s}: two whole runs' disagreement (PSNR between their images) {t['runs']}, "
                          f"{t['nfe']} NFE per image: rho with the second run's deficit {t['rho_vs_deficit']}.")  # fmt: skip
     for s in sets:
@@ -227,12 +229,7 @@ def main() -> None:
     for name, (attrs, seed0) in sets.items():
         tiny = Tiny(attrs, seed0=seed0)
         with torch.no_grad():
-            out = run_set(tiny, tiny.reference(args.ref_cache), name, print)
-        fx = {k: [-v for v in p] for k, p in out["fixed"].items()}
-        pairs = [(_label(18, 5.0), _label(24, 5.0)), (_label(18, 5.0), _label(18, None)),
-                 (_label(14, 5.0), _label(18, 5.0)), (_label(18, None), _label(30, None))]  # fmt: skip
-        out["consistency"] = {f"{a} ~ {b}": _rho(fx[a], fx[b]) for a, b in pairs}
-        data["sets"][name] = out
+            data["sets"][name] = run_set(tiny, tiny.reference(args.ref_cache), name, print)
     data["log"] = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.time() - t0:.0f} s, "
                    f"load {load0} -> {load_average()}")  # fmt: skip
     data["meta"] = env_info()
