@@ -40,6 +40,28 @@ from fastdiff.metrics import psnr, score  # noqa: E402
 GUIDANCE, STEPS, ROUNDS, BATCH = 5.0, 30, 2, 36
 
 
+def paired(right, base) -> dict:
+    """A variant's 'all' accuracy against eager's on the same images (boolean arrays, one per image):
+    images it gained and lost, the difference in points with a 95 % interval (the paired-proportion
+    Wald interval, whose variance counts only discordant images), and the exact McNemar p-value (are
+    gains and losses a fair coin?). With n = 144 and ~10 discordant images the interval is about
+    +/- 4 points, wider than the goal's 2: more seeds (``--rounds``) narrow it."""
+    from scipy.stats import binomtest
+
+    n = len(base)
+    gained, lost = int((right & ~base).sum()), int((~right & base).sum())
+    diff = (gained - lost) / n
+    half = 1.96 * max(gained + lost - (gained - lost) ** 2 / n, 0.0) ** 0.5 / n
+    p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
+    return {
+        "gained": gained,
+        "lost": lost,
+        "points": round(100 * diff, 1),
+        "ci95": f"{100 * (diff - half):+.1f}..{100 * (diff + half):+.1f}",
+        "mcnemar_p": round(float(p), 3),
+    }
+
+
 def _generate(pipe, prompts, seeds, steps, batch=BATCH):
     out = []
     for i in range(0, len(prompts), batch):
@@ -89,6 +111,9 @@ def main(argv=None):
         help="file carrying the eager images and earlier rows between invocations (one slot each)",
     )
     p.add_argument("--limit", type=int, default=None, help="first N combinations only (a smoke run)")
+    p.add_argument(
+        "--rounds", type=int, default=ROUNDS, help="seeds per held-out combination (2: 144 images)"
+    )
     args = p.parse_args(argv)
     torch.manual_seed(0)
     log = lambda *a: print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
@@ -97,9 +122,11 @@ def main(argv=None):
     pipe.set_progress_bar_config(disable=True)
     own_scheduler = pipe.scheduler
     combos = list_prompts("heldout")[: args.limit]
-    prompts = [c[0] for c in combos] * ROUNDS
-    attrs = [c[1] for c in combos] * ROUNDS
-    seeds = [i + len(combos) * r for r in range(ROUNDS) for i in range(len(combos))]
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    prompts = [c[0] for c in combos] * args.rounds
+    attrs = [c[1] for c in combos] * args.rounds
+    seeds = [i + len(combos) * r for r in range(args.rounds) for i in range(len(combos))]
 
     state = torch.load(args.state) if args.state and Path(args.state).is_file() else {}
     diagnostic = state.get("diagnostic", {})
@@ -112,7 +139,7 @@ def main(argv=None):
     pipe.scheduler = DPMSolverMultistepScheduler.from_config(own_scheduler.config)
     work = Path(tempfile.mkdtemp(prefix="fastdiff-tiny-e2e-"))
     calib = None
-    rows, ref = state.get("rows", []), state.get("ref")
+    rows, ref, base_right = state.get("rows", []), state.get("ref"), state.get("base_right")
     for variant in args.variants.split(","):
         build_s, quality, info = 0.0, {}, {}
         with PeakRSS() as mem:
@@ -153,16 +180,20 @@ def main(argv=None):
         row = {"variant": variant, "seconds": round(secs, 1), "build_s": round(build_s, 1), **quality, **info}
         row["peak_rss_gb"] = round(mem.peak / 2**30, 2)
         row.update(score(images, attrs))
+        right = score(images, attrs, reduction="none")["all"]
         if ref is None:
-            ref = images
+            ref, base_right = images, right
         else:
+            row.update(paired(right, base_right))
             per = psnr(images, ref, reduction="none")
             row["psnr_mean"] = round(float(per.clamp(max=200).mean()), 2)
             row["psnr_worst"] = round(float(per.min()), 2)
         rows.append(row)
         log(row)
         if args.state:
-            torch.save({"rows": rows, "ref": ref, "diagnostic": diagnostic}, args.state)
+            torch.save(
+                {"rows": rows, "ref": ref, "base_right": base_right, "diagnostic": diagnostic}, args.state
+            )
     base = rows[0]["seconds"]
     for r in rows:
         r["speedup"] = round(base / r["seconds"], 2)
@@ -175,10 +206,12 @@ def main(argv=None):
         diagnostic=diagnostic,
     )
     notes = [
-        f"- {len(prompts)} images: the 72 held-out combinations x {ROUNDS} seeds (image i of round r seeded "
+        f"- {len(prompts)} images: the 72 held-out combinations x {args.rounds} seeds (image i of round r seeded "
         "i + 72r; round 0 = tiny_quality's held-out set), DPM-Solver++ 2M, 30 steps, guidance 5 (tiny_quality's "
         "teacher settings), the shipped weights. Attribute accuracy from fastdiff.metrics.score; psnr_*: each image "
         "against the eager fp32 image of the same prompt and seed (worst = the worst image).",
+        "- points: 'all' against eager in points; gained / lost: images right only in the variant / only in "
+        "eager; ci95: the paired 95 % interval of points; mcnemar_p: exact McNemar test of gained against lost.",
         f"- int8: calibrated on {args.calib_prompts} training prompts x {args.calib_steps} steps recorded with the "
         "same scheduler (every 4th record held back for the SNR column, at most 64 calibrate).",
         f"- CPU flags that matter here: {', '.join(engine_flags())}; load {meta['load_1min']} (1 min) at the end. "
@@ -206,6 +239,11 @@ def main(argv=None):
         "shape",
         "all",
         "n",
+        "points",
+        "ci95",
+        "gained",
+        "lost",
+        "mcnemar_p",
         "peak_rss_gb",
     ]
     if any("hint" in r for r in rows):

@@ -95,6 +95,22 @@ def test_checker_rejects_wrong_attributes():
         score(images, attrs[:-1])
 
 
+def test_score_per_image_marks_exactly_the_images_given_wrong_attributes():
+    images, attrs = make_dataset(12, seed=7, split="all")
+    others = {"circle": "square", "square": "triangle", "triangle": "circle"}
+    wrong = {1, 4, 9}  # these images are scored against another shape
+    given = [
+        Attributes(others[a.shape], a.shape_colour, a.bg_colour, a.texture) if i in wrong else a
+        for i, a in enumerate(attrs)
+    ]
+    right = score(images, given, reduction="none")
+    assert [i for i, ok in enumerate(right["shape"]) if not ok] == sorted(wrong)
+    assert right["all"].tolist() == right["shape"].tolist() and right["bg_colour"].all()
+    assert score(images, given)["all"] == right["all"].mean() == 9 / 12
+    with pytest.raises(ValueError, match="reduction must be"):
+        score(images, given, reduction="sum")
+
+
 def test_colour_map_on_palette_tones_and_blank_image():
     for i, name in enumerate(COLOUR_NAMES):
         img = np.tile(np.array(COLOURS[name], np.uint8), (8, 8, 1))

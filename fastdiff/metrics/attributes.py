@@ -119,13 +119,17 @@ def read_attributes(images) -> list[Reading]:
     return out
 
 
-def score(images, attributes) -> dict[str, float]:
+def score(images, attributes, reduction: str = "mean") -> dict:
     """Fraction of images whose shape colour / background colour / shape / all three match.
 
     Args:
         images: generated (or real) images, any type :func:`read_attributes` accepts.
         attributes: the :class:`fastdiff.tiny.data.Attributes` each image was prompted with.
+        reduction: "mean" (fractions, and ``n``) or "none" (one boolean array per key, an entry per
+            image: what paired comparisons of two runs on the same prompts and seeds need).
     """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     readings = read_attributes(images)
     if len(readings) != len(attributes):
         raise ValueError(f"{len(readings)} images but {len(attributes)} attribute sets")
@@ -134,13 +138,10 @@ def score(images, attributes) -> dict[str, float]:
     sc = np.array([r.shape_colour == a.shape_colour for r, a in zip(readings, attributes)])
     bc = np.array([r.bg_colour == a.bg_colour for r, a in zip(readings, attributes)])
     sh = np.array([r.shape == a.shape for r, a in zip(readings, attributes)])
-    return {
-        "shape_colour": float(sc.mean()),
-        "bg_colour": float(bc.mean()),
-        "shape": float(sh.mean()),
-        "all": float((sc & bc & sh).mean()),
-        "n": len(readings),
-    }
+    right = {"shape_colour": sc, "bg_colour": bc, "shape": sh, "all": sc & bc & sh}
+    if reduction == "none":
+        return right
+    return {**{k: float(v.mean()) for k, v in right.items()}, "n": len(readings)}
 
 
 def checker_accuracy(n: int = 600, seed: int = 1234) -> dict[str, float]:
