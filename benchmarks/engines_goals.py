@@ -102,11 +102,16 @@ def _tiny_rerun(tiny_name, suffix):
     return data if ok else None
 
 
-# The AVX2 machine's tiny end-to-end files, quoted beside the AVX-512 machine's judged one.
+# The AVX2 machine's tiny end-to-end files, quoted beside the AVX-512 machine's judged one. The 576-image
+# run was decided on before it ran (2026-12-07) as the AVX2 machine's judged figure: at 144 images the
+# paired interval is about +/- 3-4 points, wider than the 2-point goal.
+AVX2_TINY_576 = "engines-tiny-e2e-avx2-576"
 AVX2_TINY = {
     "engines-tiny-e2e": "earlier machine (AVX2 only, engines-tiny-e2e)",
     "engines-tiny-e2e-avx2-overflow": "AVX2 only with the defaults of 2026-12-06 (int8: 7-bit weights without "
     "VNNI, QuantConfig.overflow_fix), engines-tiny-e2e-avx2-overflow",
+    AVX2_TINY_576: "AVX2 only, the same defaults on 576 images (72 held-out combinations x 8 seeds; the paired "
+    "95 % interval of the points in brackets), " + AVX2_TINY_576,
 }
 
 
@@ -119,9 +124,30 @@ def _earlier_tiny(tiny_name) -> str:
             continue
         base = next(r for r in old["rows"] if r["variant"] == "eager")
         out += f"; {label}: " + ", ".join(
-            f"{r['variant']} {100 * (r['all'] - base['all']):+.1f}" for r in old["rows"] if r is not base
+            f"{r['variant']} {100 * (r['all'] - base['all']):+.1f}"
+            + (f" [{r['ci95']}]" if "ci95" in r else "")
+            for r in old["rows"]
+            if r is not base
         )
     return out
+
+
+def _within_two(diffs: dict) -> str:
+    return "; ".join(
+        f"{label}: {', '.join(k for k, d in diffs.items() if (abs(d) <= 2) == want)}"
+        for label, want in (("met", True), ("not met", False))
+        if any((abs(d) <= 2) == want for d in diffs.values())
+    )
+
+
+def _within_two_576(tiny_name) -> str:
+    """The AVX2 machine's judgment on its 576-image run, beside the AVX-512 machine's on 144 images."""
+    data = _load(AVX2_TINY_576) if tiny_name.endswith(AVX512) else None
+    if not data:
+        return ""
+    base = next(r for r in data["rows"] if r["variant"] == "eager")
+    diffs = {r["variant"]: round(100 * (r["all"] - base["all"]), 1) for r in data["rows"] if r is not base}
+    return f" (AVX-512, 144 images); AVX2 only, 576 images: {_within_two(diffs)}"
 
 
 def _hint_pair(side) -> str:
@@ -334,12 +360,8 @@ def goals(not_run: dict) -> list[dict]:
             )
         out.append(
             {
-                "goal": "fastdiff-tiny end to end within 2 points of fp32 attribute accuracy ('all', 144 images)",
-                "status": "; ".join(
-                    f"{label}: {', '.join(k for k, d in diffs.items() if (abs(d) <= 2) == want)}"
-                    for label, want in (("met", True), ("not met", False))
-                    if any((abs(d) <= 2) == want for d in diffs.values())
-                ),
+                "goal": "fastdiff-tiny end to end within 2 points of fp32 attribute accuracy ('all', at least 144 images)",
+                "status": _within_two(diffs) + _within_two_576(tiny_name),
                 "evidence": f"({tiny_name}) eager fp32 'all' {base['all']:.3f}; points vs eager: "
                 + ", ".join(f"{k} {v:+.1f}" for k, v in diffs.items())
                 + superseded
