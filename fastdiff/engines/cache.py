@@ -185,6 +185,12 @@ class EngineCache:
         shutil.rmtree(entry, ignore_errors=True)
         return None
 
+    def update_meta(self, key: str, **fields) -> None:
+        """Add or replace top-level fields of a committed entry's meta.json (e.g. its quality result);
+        the artifacts and their checksums are untouched."""
+        meta_path = self.entry_dir(key) / _META
+        _write_json(meta_path, {**json.loads(meta_path.read_text()), **fields})
+
     def staging_dir(self) -> Path:
         """A fresh directory to build an entry in before :meth:`commit`."""
         path = self.root / f".staging-{uuid.uuid4().hex}"

@@ -279,7 +279,7 @@ def compile_engine(
     else:
         quality = measure_quality(unet, runner, held)
         if use_cache:
-            _store_quality(cache, key, parts, quality_key, quality)
+            cache.update_meta(key, quality={"inputs": quality_key, "result": quality})
     quality["inputs"] = "synthetic" if held.meta.get("synthetic") else f"{len(held)} held-back records"
     logger.info(
         "fastdiff engine %s/%s: SNR %.2f dB, cosine %.6f vs PyTorch U-Net (%s)%s",
@@ -339,12 +339,3 @@ def _install(pipe, engine: EngineUNet) -> None:
 
 def _read_layers(entry: Path) -> dict:
     return json.loads((entry / _LAYERS_FILE).read_text()) if (entry / _LAYERS_FILE).is_file() else {}
-
-
-def _store_quality(cache: EngineCache, key: str, parts: dict, quality_key: str, quality: dict) -> None:
-    from .cache import _write_json  # (a top-level import would take this file past 350 lines)
-
-    meta_path = cache.entry_dir(key) / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    meta["quality"] = {"inputs": quality_key, "result": quality}
-    _write_json(meta_path, meta)
