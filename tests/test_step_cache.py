@@ -11,6 +11,7 @@ import torch
 
 from fastdiff import installed
 from fastdiff.caching import StepProfile, measure_profile, plan_refresh, step_cache
+from fastdiff.caching.hooks import HANDLE_ATTR
 from fastdiff.testing import tiny_pipeline, unet_probe_inputs
 
 TS = [901.0, 701.0, 501.0, 301.0, 101.0]
@@ -347,6 +348,53 @@ def test_measure_profile_default_replays_each_step_alone(pipe):
         installed.undo_all(pipe)
         assert prof.weight[k] == pytest.approx(float((lat - ref).norm() / ref.norm()), rel=1e-5)
     assert not installed.installations(pipe)
+
+
+@pytest.mark.parametrize("on", ["pipe", "unet"])
+@pytest.mark.parametrize("gaps", [False, True])
+def test_measure_profile_refuses_a_pipeline_with_a_cache_and_leaves_the_cache_alone(pipe, on, gaps):
+    handle = step_cache(pipe if on == "pipe" else pipe.unet, mode="uniform", interval=2)
+    try:
+        with pytest.raises(RuntimeError, match="before fastdiff.step_cache"):
+            measure_profile(pipe, ["a red cat"], num_inference_steps=4, gaps=gaps, height=32, width=32)
+        assert handle.mode == "uniform" and handle.interval == 2 and handle.installed
+    finally:
+        installed.undo_all(pipe)
+        installed.undo_all(pipe.unet)
+
+
+def test_readme_step_cache_example_runs_as_written(pipe):
+    """The README's step-cache block, run as written on a random-weight pipeline (names it leaves free:
+    ``pipe``, ``prompt``, ``prompts``, ``calibration_prompts``)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Step caching", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    small = {"height": 32, "width": 32}  # the block's calls at the tiny pipeline's smallest size
+    call = pipe.__class__.__call__
+    free = {
+        "pipe": pipe,
+        "prompt": "a red cat",
+        "prompts": ["a red cat", "a blue dog"],
+        "calibration_prompts": ["a green bird"],
+        "print": lambda *a, **k: None,
+    }
+    try:
+        pipe.__class__.__call__ = lambda self, *a, **k: call(self, *a, **{**small, **k})
+        exec(compile(code, "README.md (step caching)", "exec"), free)
+    finally:
+        pipe.__class__.__call__ = call
+        if "fpipe" in free:  # the block leaves its drop-in pipeline's cache installed (on pipe's U-Net)
+            installed.undo_all(free["fpipe"])
+        installed.undo_all(pipe)
+    run = free["cache"].last_run()
+    # 50 steps (51 U-Net calls with this pipeline's PNDM scheduler, whose PLMS warm-up adds one)
+    assert run.steps >= 50 and run.full_evals + run.cached_evals == run.steps and run.cached_evals > 0
+    assert free["out"].fastdiff.step_cache is not None
+    assert not installed.installations(pipe) and not installed.installations(pipe.unet)
+    assert pipe.unet.__dict__.get(HANDLE_ATTR) is None
 
 
 def test_gated_cross_attention_replays_the_gate_step(unet):

@@ -41,6 +41,19 @@ def _check_run(num_inference_steps, prompts) -> int:
     return n
 
 
+def _measuring_cache(pipe, branch: int):
+    """The step cache a measurement installs (mode "off"; removed by the caller): measuring needs the
+    uncached run as its reference, so a cache the user installed is an error, not silently replaced."""
+    from fastdiff.caching.cache import HANDLE_ATTR, step_cache
+
+    if getattr(pipe, "unet", pipe).__dict__.get(HANDLE_ATTR) is not None:
+        raise RuntimeError(
+            "measure_profile / measure_gaps run the pipeline without a step cache and install their own: "
+            "call them before fastdiff.step_cache(pipe, ...), or fastdiff.restore(pipe) first"
+        )
+    return step_cache(pipe, mode="off", branch=branch)
+
+
 def measure_gaps(
     pipe, prompts: list[str], num_inference_steps: int = 10, branch: int = 0, seed: int = 0, **call_kwargs
 ) -> np.ndarray:
@@ -48,10 +61,8 @@ def measure_gaps(
 
     Zero where ``b - a < 2`` (no replayed step). Images are the pipeline's ``output_type="pt"`` (in [0, 1]).
     """
-    from fastdiff.caching.cache import step_cache
-
     n = _check_run(num_inference_steps, prompts)
-    handle = step_cache(pipe, mode="off", branch=branch)
+    handle = _measuring_cache(pipe, branch)
     mse = np.zeros((n, n, len(prompts)))
     try:
         ref = _outputs(pipe, prompts, n, seed, call_kwargs, "pt").double()
@@ -110,8 +121,6 @@ def measure_profile(
         branch: the branch the profile is for (deeper branches replay less, so harm differs).
         call_kwargs: passed to every pipeline call (guidance_scale, height, ...).
     """
-    from fastdiff.caching.cache import step_cache
-
     if not isinstance(gaps, bool):
         raise ValueError(f"gaps must be a bool, got {gaps!r}")
     if gaps:
@@ -119,7 +128,7 @@ def measure_profile(
             measure_gaps(pipe, prompts, num_inference_steps, branch, seed, **call_kwargs)
         )
     n = _check_run(num_inference_steps, prompts)
-    handle = step_cache(pipe, mode="off", branch=branch)
+    handle = _measuring_cache(pipe, branch)
     try:
         ref = _outputs(pipe, prompts, n, seed, call_kwargs, "latent").float()
         weight = [0.0]
