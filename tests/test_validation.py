@@ -40,6 +40,34 @@ def test_pipeline_call_rejects_bad_keywords_before_running(pipe, monkeypatch, kw
 
 
 @pytest.mark.parametrize("fastdiff_path", [False, True], ids=["diffusers-loop", "fastdiff-loop"])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"step": "fast"}, r"unknown keyword argument\(s\) 'step'; did you mean 'steps'"),
+        ({"num_inference_step": 3}, "'num_inference_step'; did you mean 'num_inference_steps'"),
+        ({"zz": 1, "guidanse_scale": 2.0}, "'guidanse_scale', 'zz'; did you mean 'guidance_scale'"),
+    ],
+)
+def test_pipeline_call_rejects_unknown_keywords_before_running(
+    pipe, monkeypatch, kwargs, match, fastdiff_path
+):
+    """diffusers' __call__ takes **kwargs and ignores unknown names: a misspelt keyword ran the defaults."""
+    calls = []
+    monkeypatch.setattr(pipe.unet, "forward", lambda *a, **k: calls.append(1))
+    extra = {"early_stop": True} if fastdiff_path else {}
+    with pytest.raises(TypeError, match=match):
+        pipe("a red circle", num_inference_steps=2, **kwargs, **extra)
+    assert calls == []
+
+
+def test_deprecated_diffusers_keywords_still_reach_diffusers(pipe):
+    seen = []
+    with pytest.warns(FutureWarning):
+        pipe("a red circle", num_inference_steps=2, callback=lambda i, t, x: seen.append(i), callback_steps=1)
+    assert len(seen) >= 2  # diffusers called it: the keywords reached its loop
+
+
+@pytest.mark.parametrize("fastdiff_path", [False, True], ids=["diffusers-loop", "fastdiff-loop"])
 def test_return_dict_must_be_a_bool(pipe, fastdiff_path):
     extra = {"early_stop": True} if fastdiff_path else {}
     with pytest.raises(TypeError, match="return_dict must be True or False, got 'no'"):

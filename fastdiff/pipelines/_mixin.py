@@ -29,6 +29,7 @@ from fastdiff.pipelines.capture import capture_inputs
 from fastdiff.pipelines.checks import (
     check_call_kwargs,
     check_eta,
+    check_known_kwargs,
     check_latents,
     check_output_type,
     check_preview_steps,
@@ -87,9 +88,11 @@ class FastdiffPipelineMixin:
 
         Departures from diffusers: ``eta`` other than 0 raises where the scheduler that runs would drop
         it; empty prompt lists, non-positive sizes and counts, non-finite guidance and more than 1000
-        steps raise instead of failing late or silently.
+        steps raise instead of failing late or silently; so does a keyword that neither fastdiff nor the
+        diffusers pipeline names (diffusers ignores it).
         """
         self.fastdiff_record = None  # a failed call must not leave the previous call's record behind
+        check_known_kwargs(super().__call__, kwargs)
         check_call_kwargs(args, kwargs)
         if self._fastdiff_text_to_image:
             check_latents(self, args, kwargs)

@@ -8,6 +8,8 @@ latents check use it).
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 
 import torch
@@ -16,6 +18,7 @@ __all__ = [
     "MAX_STEPS",
     "OUTPUT_TYPES",
     "check_call_kwargs",
+    "check_known_kwargs",
     "check_eta",
     "check_latents",
     "check_output_type",
@@ -40,6 +43,33 @@ def check_output_type(output_type) -> None:
     if output_type not in OUTPUT_TYPES:
         raise ValueError(
             f"output_type must be one of {', '.join(map(repr, OUTPUT_TYPES))}, got {output_type!r}"
+        )
+
+
+FASTDIFF_KEYWORDS = ("steps", "early_stop", "draft", "preview_steps")
+# diffusers' SD/SDXL pipelines still take these through ``**kwargs`` (deprecated, with a warning)
+_DEPRECATED_DIFFUSERS = ("callback", "callback_steps")
+
+
+def check_known_kwargs(diffusers_call, kwargs: dict) -> None:
+    """Raise on a keyword that neither fastdiff nor ``diffusers_call`` names.
+
+    diffusers' ``__call__`` ends in ``**kwargs`` and ignores what it does not know, so a misspelt keyword
+    (``step="fast"``, ``num_inference_step=8``) would run the defaults without a word."""
+    params = inspect.signature(diffusers_call).parameters
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    known = {n for n, p in params.items() if p.kind in named}
+    if not known or not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return  # a wrapper that hides the signature; or no **kwargs, so diffusers raises itself
+    known |= set(_DEPRECATED_DIFFUSERS)
+    unknown = sorted(k for k in kwargs if k not in known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], [*known, *FASTDIFF_KEYWORDS], n=2)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise TypeError(
+            f"unknown keyword argument(s) {', '.join(map(repr, unknown))}{hint} fastdiff adds "
+            f"{', '.join(FASTDIFF_KEYWORDS)}; the rest are the diffusers pipeline's own "
+            f"({', '.join(sorted(known - set(_DEPRECATED_DIFFUSERS)))})"
         )
 
 
