@@ -44,6 +44,10 @@ OV_WHOLE_512_PROFILES = (
         "engines-cpu-build-profile-ov-int8-512-32-trim-nosq",
         "with the defaults now but QuantConfig(smooth_quant=False)",
     ),
+    (
+        "engines-cpu-build-profile-ov-int8-512-32-avx2",
+        "with the defaults now on the AVX2-only machine (no native bf16: statistics and engine at f32)",
+    ),
 )
 
 
