@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fastdiff import installed
-from fastdiff.caching.hooks import HANDLE_ATTR
+from fastdiff.caching.hooks import installed_cache
 from fastdiff.testing import tiny_pipeline
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -83,7 +83,7 @@ def test_step_cache_block():
     # 50 steps (51 U-Net calls with this pipeline's PNDM scheduler, whose PLMS warm-up adds one)
     assert last.steps >= 50 and last.full_evals + last.cached_evals == last.steps and last.cached_evals > 0
     assert names["out"].fastdiff.step_cache is not None
-    assert not installed.installations(pipe) and pipe.unet.__dict__.get(HANDLE_ATTR) is None
+    assert not installed.installations(pipe) and installed_cache(pipe) is None
 
 
 def test_engines_block(tmp_path, monkeypatch):

@@ -56,7 +56,7 @@ from torch import nn
 
 from fastdiff import installed
 from fastdiff.caching.forecast import AXES, FORECASTS, Forecaster
-from fastdiff.caching.hooks import HANDLE_ATTR, CallHooks
+from fastdiff.caching.hooks import CallHooks, installed_cache
 from fastdiff.caching.pipeline import install_rows_hook
 from fastdiff.caching.policy import StepProfile, explicit_refresh
 from fastdiff.caching.rows import RowSelection
@@ -239,7 +239,7 @@ def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
         raise TypeError(
             f"step_cache needs a pipeline with .unet or a UNet2DConditionModel, got {type(unet)!r}"
         )
-    if unet.__dict__.get(HANDLE_ATTR) is not None:
+    if installed_cache(unet) is not None:
         raise RuntimeError(
             "a step cache is already installed on this U-Net; change it with handle.set(...) or remove it "
             "with fastdiff.restore first"

@@ -17,6 +17,11 @@ from torch import nn
 HANDLE_ATTR = "_fastdiff_step_cache"
 
 
+def installed_cache(pipe_or_unet):
+    """The step cache installed on a U-Net (or on a pipeline's ``.unet``), or None."""
+    return vars(getattr(pipe_or_unet, "unet", pipe_or_unet)).get(HANDLE_ATTR)
+
+
 class CallHooks:
     """Hooks and wrappers of :class:`~fastdiff.caching.cache.StepCache` (mixed in)."""
 

@@ -25,7 +25,7 @@ import weakref
 import torch
 
 from fastdiff import installed
-from fastdiff.caching.hooks import HANDLE_ATTR
+from fastdiff.caching.hooks import installed_cache
 from fastdiff.caching.stats import StepCacheRun
 
 __all__ = ["RowsRetiredHook", "begin_call", "finish_call", "install_rows_hook"]
@@ -118,7 +118,7 @@ def begin_call(pipe, timesteps) -> None:
     ends (the last step would not be forced full and a profile schedule would fall back to uniform).
     :func:`finish_call` forgets the schedule again.
     """
-    cache = vars(pipe.unet).get(HANDLE_ATTR)
+    cache = installed_cache(pipe.unet)
     if cache is not None:
         cache.set_schedule(timesteps)
         cache._call_schedule = True
@@ -132,7 +132,7 @@ def finish_call(pipe, state=None) -> StepCacheRun | None:
     the cache forgets the run, so no later call can replay its features whatever its timesteps (a refine
     starts with one full step: another call may have run in between).
     """
-    cache = vars(pipe.unet).get(HANDLE_ATTR)
+    cache = installed_cache(pipe.unet)
     if cache is None:
         return None
     summary = cache.last_run()

@@ -44,9 +44,10 @@ def _check_run(num_inference_steps, prompts) -> int:
 def _measuring_cache(pipe, branch: int):
     """The step cache a measurement installs (mode "off"; removed by the caller): measuring needs the
     uncached run as its reference, so a cache the user installed is an error, not silently replaced."""
-    from fastdiff.caching.cache import HANDLE_ATTR, step_cache
+    from fastdiff.caching.cache import step_cache
+    from fastdiff.caching.hooks import installed_cache
 
-    if getattr(pipe, "unet", pipe).__dict__.get(HANDLE_ATTR) is not None:
+    if installed_cache(pipe) is not None:
         raise RuntimeError(
             "measure_profile / measure_gaps run the pipeline without a step cache and install their own: "
             "call them before fastdiff.step_cache(pipe, ...), or fastdiff.restore(pipe) first"

@@ -94,9 +94,9 @@ class StepCacheSection:
 
 def with_step_cache(report: OptimizeReport, unet) -> OptimizeReport:
     """``report`` with a :class:`StepCacheSection` for the step cache on ``unet`` (a copy; None if none)."""
-    from fastdiff.caching.hooks import HANDLE_ATTR  # lazy: fastdiff.optimize does not need the cache
+    from fastdiff.caching.hooks import installed_cache  # lazy: fastdiff.optimize does not need the cache
 
-    handle = vars(unet).get(HANDLE_ATTR)
+    handle = installed_cache(unet)
     section = None
     if handle is not None:
         totals = {k: v for k, v in handle.stats.as_dict().items() if k not in ("trace", "notes")}
