@@ -92,7 +92,7 @@ class FastdiffPipelineMixin:
         diffusers pipeline names (diffusers ignores it).
         """
         self.fastdiff_record = None  # a failed call must not leave the previous call's record behind
-        check_known_kwargs(super().__call__, kwargs)
+        check_known_kwargs(super().__call__, FastdiffPipelineMixin.__call__, kwargs)
         check_call_kwargs(args, kwargs)
         if self._fastdiff_text_to_image:
             check_latents(self, args, kwargs)

@@ -46,13 +46,13 @@ def check_output_type(output_type) -> None:
         )
 
 
-FASTDIFF_KEYWORDS = ("steps", "early_stop", "draft", "preview_steps")
 # diffusers' SD/SDXL pipelines still take these through ``**kwargs`` (deprecated, with a warning)
 _DEPRECATED_DIFFUSERS = ("callback", "callback_steps")
 
 
-def check_known_kwargs(diffusers_call, kwargs: dict) -> None:
-    """Raise on a keyword that neither fastdiff nor ``diffusers_call`` names.
+def check_known_kwargs(diffusers_call, fastdiff_call, kwargs: dict) -> None:
+    """Raise on a keyword that neither ``fastdiff_call`` (its keyword-only parameters: ``steps`` ...) nor
+    ``diffusers_call`` names.
 
     diffusers' ``__call__`` ends in ``**kwargs`` and ignores what it does not know, so a misspelt keyword
     (``step="fast"``, ``num_inference_step=8``) would run the defaults without a word."""
@@ -62,13 +62,14 @@ def check_known_kwargs(diffusers_call, kwargs: dict) -> None:
     if not known or not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return  # a wrapper that hides the signature; or no **kwargs, so diffusers raises itself
     known |= set(_DEPRECATED_DIFFUSERS)
+    ours = [n for n, p in inspect.signature(fastdiff_call).parameters.items() if p.kind is p.KEYWORD_ONLY]
     unknown = sorted(k for k in kwargs if k not in known)
     if unknown:
-        close = difflib.get_close_matches(unknown[0], [*known, *FASTDIFF_KEYWORDS], n=2)
+        close = difflib.get_close_matches(unknown[0], [*known, *ours], n=2)
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise TypeError(
             f"unknown keyword argument(s) {', '.join(map(repr, unknown))}{hint} fastdiff adds "
-            f"{', '.join(FASTDIFF_KEYWORDS)}; the rest are the diffusers pipeline's own "
+            f"{', '.join(ours)}; the rest are the diffusers pipeline's own "
             f"({', '.join(sorted(known - set(_DEPRECATED_DIFFUSERS)))})"
         )
 
