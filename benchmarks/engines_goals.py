@@ -119,6 +119,12 @@ AVX2_TINY = {
 }
 
 
+def _points(data) -> dict[str, float]:
+    """Each variant's 'all' accuracy against the same file's eager row, in points (to 0.1)."""
+    base = next(r for r in data["rows"] if r["variant"] == "eager")
+    return {r["variant"]: round(100 * (r["all"] - base["all"]), 1) for r in data["rows"] if r is not base}
+
+
 def _earlier_tiny(tiny_name) -> str:
     """The AVX2 machine's tiny end-to-end points, when the AVX-512 file is the one judged."""
     out = ""
@@ -126,13 +132,8 @@ def _earlier_tiny(tiny_name) -> str:
         old = _load(name) if tiny_name.endswith(AVX512) else None
         if not old:
             continue
-        base = next(r for r in old["rows"] if r["variant"] == "eager")
-        out += f"; {label}: " + ", ".join(
-            f"{r['variant']} {100 * (r['all'] - base['all']):+.1f}"
-            + (f" [{r['ci95']}]" if "ci95" in r else "")
-            for r in old["rows"]
-            if r is not base
-        )
+        ci95 = {r["variant"]: f" [{r['ci95']}]" for r in old["rows"] if "ci95" in r}
+        out += f"; {label}: " + ", ".join(f"{v} {d:+.1f}{ci95.get(v, '')}" for v, d in _points(old).items())
     return out
 
 
@@ -149,9 +150,7 @@ def _within_two_576(tiny_name) -> str:
     data = _load(AVX2_TINY_576) if tiny_name.endswith(AVX512) else None
     if not data:
         return ""
-    base = next(r for r in data["rows"] if r["variant"] == "eager")
-    diffs = {r["variant"]: round(100 * (r["all"] - base["all"]), 1) for r in data["rows"] if r is not base}
-    return f" (AVX-512, 144 images); AVX2 only, 576 images: {_within_two(diffs)}"
+    return f" (AVX-512, 144 images); AVX2 only, 576 images: {_within_two(_points(data))}"
 
 
 def _hint_pair(side) -> str:
@@ -341,9 +340,7 @@ def goals(not_run: dict) -> list[dict]:
     tiny = _load(tiny_name)
     if tiny and any(r["variant"] == "eager" and r.get("n") == 144 for r in tiny["rows"]):
         base = next(r for r in tiny["rows"] if r["variant"] == "eager")
-        diffs = {
-            r["variant"]: round(100 * (r["all"] - base["all"]), 1) for r in tiny["rows"] if r is not base
-        }
+        diffs = _points(tiny)
         superseded = ""
         for suffix, why in TINY_RERUNS.items():
             rerun = _tiny_rerun(tiny_name, suffix)
@@ -352,12 +349,10 @@ def goals(not_run: dict) -> list[dict]:
             # A rerun's rows replace the earlier rows of the same variant (points against the rerun's own
             # eager row); the replaced figures stay in the evidence.
             rbase = next(r for r in rerun["rows"] if r["variant"] == "eager")
-            replaced = []
-            for r in rerun["rows"]:
-                if r is not rbase:
-                    was = diffs.get(r["variant"])
-                    replaced.append(f"{r['variant']} {'none' if was is None else f'{was:+.1f}'}")
-                    diffs[r["variant"]] = round(100 * (r["all"] - rbase["all"]), 1)
+            new = _points(rerun)
+            was = {v: diffs.get(v) for v in new}
+            replaced = [f"{v} {'none' if d is None else f'{d:+.1f}'}" for v, d in was.items()]
+            diffs.update(new)
             superseded += (
                 f"; rerun {why} ({tiny_name}{suffix}, eager 'all' {rbase['all']:.3f}) replaces "
                 f"{', '.join(replaced)}"
