@@ -142,7 +142,7 @@ def fastdiff_configs():
 
 
 # (label, sampler, options, {NFE: optimiser budget in sampler runs}).  The 300-run fits of the previous
-# version stopped far from the optimum (guided 10 NFE: 1.2e-3 -> 0.8e-3 with 1500 runs, benchmarks/README);
+# version stopped far from the optimum (guided 10 NFE: 1.2e-3 -> 0.8e-3 with 1500 runs, fastdiff/samplers/README.md);
 # bh1 wins at 8 NFE, bh2 at 10; 4 NFE (the guided-divergence case) keeps a cheap fit.
 # the unguided scenario (secondary to the guided goal) keeps the previous version's budget: the 2-core lock budget
 UNGUIDED_BUDGET = 300
