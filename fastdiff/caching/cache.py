@@ -48,6 +48,7 @@ Design (and why):
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 
@@ -64,7 +65,15 @@ from fastdiff.caching.stats import StepCacheRun, StepCacheStats, run_summary
 from fastdiff.caching.steps import StepClock
 from fastdiff.caching.units import cross_attentions, layout
 
-__all__ = ["MODES", "StepCache", "StepCacheRun", "StepCacheStats", "step_cache"]
+__all__ = [
+    "MODES",
+    "POLICY_OPTIONS",
+    "StepCache",
+    "StepCacheRun",
+    "StepCacheStats",
+    "check_policy",
+    "step_cache",
+]
 
 MODES = ("uniform", "schedule", "adaptive", "off")
 
@@ -91,67 +100,21 @@ class StepCache(StepClock, CallHooks, RowSelection, Forecaster):
         self._clear_run()
 
     # ------------------------------------------------------------------ configuration
-    def set(
-        self,
-        mode: str = "uniform",
-        interval: int = 3,
-        branch: int = 0,
-        refresh: Sequence[int] | StepProfile | None = None,
-        threshold: float = 0.1,
-        max_skip: int | None = None,
-        gate_step: int | None = None,
-        gate_uncond: bool = False,
-        forecast: str = "none",
-        forecast_axis: str = "step",
-        forecast_strength: float = 0.5,
-    ) -> StepCache:
-        """Change the policy in place (no re-enable needed); clears cached features."""
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
-            raise ValueError(f"interval must be an int >= 1, got {interval!r}")
+    def set(self, mode: str = "uniform", **options) -> StepCache:
+        """Change the policy in place (no re-enable needed); clears cached features. Options as for
+        :func:`step_cache`; :func:`check_policy` checks those that do not depend on the U-Net."""
+        p = check_policy(mode, **options)
+        mode, branch, gate_step = p["mode"], p["branch"], p["gate_step"]
         n_branches = self._layout.num_branches
-        if not isinstance(branch, int) or isinstance(branch, bool) or not 0 <= branch < n_branches:
+        if branch >= n_branches:
             raise ValueError(f"branch must be an int in [0, {n_branches - 1}] for this U-Net, got {branch!r}")
-        if mode == "schedule":
-            if refresh is None:
-                raise ValueError("mode='schedule' needs refresh= (a list of steps or a StepProfile)")
-            if not isinstance(refresh, StepProfile):
-                refresh = sorted(explicit_refresh(refresh, None))
-        elif refresh is not None:
-            raise ValueError(f"refresh= is only used with mode='schedule', got mode={mode!r}")
-        if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
-            raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
-        if max_skip is not None and (
-            not isinstance(max_skip, int) or isinstance(max_skip, bool) or max_skip < 1
-        ):
-            raise ValueError(f"max_skip must be None or an int >= 1, got {max_skip!r}")
-        if gate_step is not None and (
-            not isinstance(gate_step, int) or isinstance(gate_step, bool) or gate_step < 0
-        ):
-            raise ValueError(f"gate_step must be None or an int >= 0 (run-relative step), got {gate_step!r}")
-        if not isinstance(gate_uncond, bool) or (gate_uncond and gate_step is None):
-            raise ValueError(f"gate_uncond must be a bool and needs gate_step, got {gate_uncond!r}")
-        if forecast not in FORECASTS:
-            raise ValueError(f"forecast must be one of {', '.join(map(repr, FORECASTS))}, got {forecast!r}")
-        if forecast_axis not in AXES:
-            raise ValueError(
-                f"forecast_axis must be one of {', '.join(map(repr, AXES))}, got {forecast_axis!r}"
-            )
-        if not (
-            isinstance(forecast_strength, (int, float))
-            and not isinstance(forecast_strength, bool)
-            and 0 < forecast_strength <= 1
-        ):
-            raise ValueError(f"forecast_strength must be a number in (0, 1], got {forecast_strength!r}")
         if gate_step is not None and not self._xattn:
             raise ValueError("gate_step was given but this U-Net has no cross-attention to gate")
-        self.mode, self.interval, self.branch = mode, interval, branch
-        self.refresh, self.threshold, self.gate_step = refresh, float(threshold), gate_step
-        self.gate_uncond = gate_uncond
-        self.forecast, self.forecast_axis = forecast, forecast_axis
-        self.forecast_strength = float(forecast_strength)
-        self.max_skip = max_skip if max_skip is not None else (4 if mode == "adaptive" else None)
+        self.mode, self.interval, self.branch = mode, p["interval"], branch
+        self.refresh, self.threshold, self.gate_step = p["refresh"], p["threshold"], gate_step
+        self.gate_uncond = p["gate_uncond"]
+        self.forecast, self.forecast_axis = p["forecast"], p["forecast_axis"]
+        self.forecast_strength, self.max_skip = p["forecast_strength"], p["max_skip"]
         self._replayed = {id(u.module) for u in self._layout.replayed(branch)}
         self._entry = id(self._layout.entry(branch).module)
         # adaptive needs a real layer as its signal: branch 0's only producer is conv_in (linear in x_t)
@@ -204,6 +167,82 @@ class StepCache(StepClock, CallHooks, RowSelection, Forecaster):
             )
             + f", enabled={self.enabled}, installed={self.installed})"
         )
+
+
+def check_policy(mode: str = "uniform", **options) -> dict:
+    """Check a step-cache policy as far as it does not depend on the U-Net; return it normalised
+    (``refresh`` sorted, ``max_skip`` defaulted). :meth:`StepCache.set` then checks ``branch`` against the
+    U-Net's branches and ``gate_step`` against its cross-attentions; a sweep spec is checked with this alone,
+    before any model loads. Raises ``ValueError`` naming the option and what is valid (``TypeError`` for an
+    unknown option, as ``fastdiff.optimize`` does)."""
+    unknown = sorted(set(options) - set(POLICY_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown step cache option {unknown[0]!r}; valid: {', '.join(POLICY_OPTIONS)}")
+    return _policy(mode, **options)
+
+
+def _policy(
+    mode: str = "uniform",
+    interval: int = 3,
+    branch: int = 0,
+    refresh: Sequence[int] | StepProfile | None = None,
+    threshold: float = 0.1,
+    max_skip: int | None = None,
+    gate_step: int | None = None,
+    gate_uncond: bool = False,
+    forecast: str = "none",
+    forecast_axis: str = "step",
+    forecast_strength: float = 0.5,
+) -> dict:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise ValueError(f"interval must be an int >= 1, got {interval!r}")
+    if not isinstance(branch, int) or isinstance(branch, bool) or branch < 0:
+        raise ValueError(f"branch must be an int >= 0 (0 = shallowest), got {branch!r}")
+    if mode == "schedule":
+        if refresh is None:
+            raise ValueError("mode='schedule' needs refresh= (a list of steps or a StepProfile)")
+        if not isinstance(refresh, StepProfile):
+            refresh = sorted(explicit_refresh(refresh, None))
+    elif refresh is not None:
+        raise ValueError(f"refresh= is only used with mode='schedule', got mode={mode!r}")
+    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
+        raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
+    if max_skip is not None and (not isinstance(max_skip, int) or isinstance(max_skip, bool) or max_skip < 1):
+        raise ValueError(f"max_skip must be None or an int >= 1, got {max_skip!r}")
+    if gate_step is not None and (
+        not isinstance(gate_step, int) or isinstance(gate_step, bool) or gate_step < 0
+    ):
+        raise ValueError(f"gate_step must be None or an int >= 0 (run-relative step), got {gate_step!r}")
+    if not isinstance(gate_uncond, bool) or (gate_uncond and gate_step is None):
+        raise ValueError(f"gate_uncond must be a bool and needs gate_step, got {gate_uncond!r}")
+    if forecast not in FORECASTS:
+        raise ValueError(f"forecast must be one of {', '.join(map(repr, FORECASTS))}, got {forecast!r}")
+    if forecast_axis not in AXES:
+        raise ValueError(f"forecast_axis must be one of {', '.join(map(repr, AXES))}, got {forecast_axis!r}")
+    if not (
+        isinstance(forecast_strength, (int, float))
+        and not isinstance(forecast_strength, bool)
+        and 0 < forecast_strength <= 1
+    ):
+        raise ValueError(f"forecast_strength must be a number in (0, 1], got {forecast_strength!r}")
+    return dict(
+        mode=mode,
+        interval=interval,
+        branch=branch,
+        refresh=refresh,
+        threshold=float(threshold),
+        max_skip=max_skip if max_skip is not None else (4 if mode == "adaptive" else None),
+        gate_step=gate_step,
+        gate_uncond=gate_uncond,
+        forecast=forecast,
+        forecast_axis=forecast_axis,
+        forecast_strength=float(forecast_strength),
+    )
+
+
+POLICY_OPTIONS = tuple(inspect.signature(_policy).parameters)[1:]  # step_cache's keywords besides mode
 
 
 def step_cache(pipe_or_unet, mode: str = "uniform", **options) -> StepCache:
