@@ -288,6 +288,73 @@ def test_optimize_option_is_applied_for_its_configuration_and_undone_after(tmp_p
     assert base.scheduler.__class__.__name__ != "FastScheduler"  # the sampler swap is undone too
 
 
+def test_step_cache_option_runs_as_a_direct_call_and_is_removed_after(tmp_path):
+    """step_cache = {...} in a spec: the images and cache counts of a direct call with the same cache;
+    mode "off" gives the plain configuration's images bit for bit; nothing stays installed."""
+    from PIL import Image
+
+    import fastdiff
+    from fastdiff.caching.hooks import installed_cache
+    from fastdiff.samplers import make_scheduler
+    from fastdiff.sweep.setup import wrap
+    from fastdiff.testing import tiny_pipeline
+
+    base = tiny_pipeline("sd15")
+    base.set_progress_bar_config(disable=True)
+    modules_before = [type(m) for m in base.unet.modules()]
+    prompts = ["a red circle", "a blue square on a green background"]
+    spec = {
+        "pipeline": lambda: base,
+        "reference": "plain",
+        "prompts": prompts,
+        "seeds": [0],
+        "guidance": 3.0,
+        "batch_size": 2,
+        "metrics": ["psnr", "nfe"],
+        "configs": [
+            {"name": "plain", "sampler": "dpmpp_2m", "steps": 9},
+            {"name": "off", "sampler": "dpmpp_2m", "steps": 9, "step_cache": {"mode": "off"}},
+            {"name": "cached", "sampler": "dpmpp_2m", "steps": 9, "step_cache": {"interval": 3}},
+        ],
+    }
+    res = sweep(spec, tmp_path, progress=False)
+    rows = {(r["config"], r["prompt_index"]): r for r in res.rows}
+
+    def png(r):
+        return np.asarray(Image.open(tmp_path / r["image"])).astype(int)
+
+    for j in range(2):
+        assert np.array_equal(png(rows["off", j]), png(rows["plain", j]))
+        assert rows["off", j]["cache_cached_evals"] == 0
+    assert installed_cache(base.unet) is None and [type(m) for m in base.unet.modules()] == modules_before
+
+    pipe = wrap(base)
+    own = pipe.scheduler
+    pipe.scheduler = make_scheduler("dpmpp_2m", like=own)
+    handle = fastdiff.step_cache(pipe, interval=3)
+    try:
+        out = pipe(
+            prompts,
+            num_inference_steps=9,
+            guidance_scale=3.0,
+            output_type="np",
+            generator=[torch.Generator().manual_seed(0) for _ in prompts],
+        )
+    finally:
+        fastdiff.restore(pipe)
+        pipe.scheduler = own
+    run = out.fastdiff.step_cache
+    assert run.cached_evals > 0 and handle.stats.cached_calls == run.cached_evals
+    for j in range(2):
+        r = rows["cached", j]
+        assert (r["cache_full_evals"], r["cache_cached_evals"]) == (run.full_evals, run.cached_evals)
+        want = (out.images[j] * 255).round().clip(0, 255).astype(int)
+        assert np.abs(png(r) - want).max() <= 1  # batch-1 vs batched CLIP: float noise
+        assert math.isfinite(r["psnr"])  # the cache changed the image: it ran
+    assert res.summary_for("cached")["cache_skipped"] == pytest.approx(run.skipped_fraction)
+    assert "cache_skipped" not in res.summary_for("plain")
+
+
 def _one_config_rows(folder, pipe, prompts, config) -> list[dict]:
     """Sweep one configuration over ``prompts`` (seed 0, guidance 3) and return its rows in prompt order."""
     spec = {

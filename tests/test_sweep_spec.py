@@ -52,7 +52,22 @@ BAD = {
     "bad preset": (dict(configs=[{"name": "ref", "steps": "fastest"}]), "steps"),
     "zero steps": (dict(configs=[{"name": "ref", "steps": 0}]), "steps"),
     "schedule without fastdiff sampler": (dict(configs=[{"name": "ref", "schedule": "karras"}]), "schedule"),
-    "step cache slot": (dict(configs=[{"name": "ref", "step_cache": {"interval": 3}}]), "step_cache"),
+    "step cache unknown option": (
+        dict(configs=[{"name": "ref", "step_cache": {"intervall": 3}}]),
+        "configs[0].step_cache.intervall",
+    ),
+    "step cache bad mode": (dict(configs=[{"name": "ref", "step_cache": {"mode": "deep"}}]), "step_cache"),
+    "step cache interval 0": (dict(configs=[{"name": "ref", "step_cache": {"interval": 0}}]), "step_cache"),
+    "step cache schedule without refresh": (
+        dict(configs=[{"name": "ref", "step_cache": {"mode": "schedule"}}]),
+        "step_cache",
+    ),
+    "step cache not a table": (dict(configs=[{"name": "ref", "step_cache": 3}]), "step_cache"),
+    "step cache with an engine": (
+        dict(configs=[{"name": "ref", "step_cache": {}, "engine": {"backend": "onnxruntime"}}]),
+        "step_cache",
+    ),
+    "step cache in the grid": (dict(grid={"step_cache": [{"interval": -1}]}), "grid.step_cache"),
     "duplicate names": (dict(configs=[{"name": "ref"}, {"name": "ref", "steps": 3}]), "configs"),
     "seeds not ints": (dict(seeds=[0, "1"]), "seeds"),
     "duplicate seeds": (dict(seeds=[1, 1]), "seeds"),
@@ -80,9 +95,19 @@ def test_bad_spec_is_rejected_naming_the_key_before_any_model_loads(case, tmp_pa
     assert not (tmp_path / "out").exists()  # nothing written either
 
 
-def test_step_cache_slot_says_not_available_yet():
-    with pytest.raises(SpecError, match="not available yet"):
-        parse_spec(_spec(configs=[{"name": "ref", "step_cache": {}}]))
+def test_step_cache_errors_say_what_is_valid():
+    with pytest.raises(SpecError, match=r"valid: mode, interval, branch, refresh"):
+        parse_spec(_spec(configs=[{"name": "ref", "step_cache": {"intervall": 3}}]))
+    with pytest.raises(SpecError, match=r"interval must be an int >= 1, got 0"):
+        parse_spec(_spec(configs=[{"name": "ref", "step_cache": {"interval": 0}}]))
+    with pytest.raises(SpecError, match=r"refresh steps must be non-negative ints"):
+        parse_spec(_spec(configs=[{"name": "ref", "step_cache": {"mode": "schedule", "refresh": [0, -2]}}]))
+    spec = parse_spec(  # a valid policy parses, as given
+        _spec(
+            configs=[{"name": "ref", "steps": 10, "step_cache": {"mode": "schedule", "refresh": [0, 4, 9]}}]
+        )
+    )
+    assert spec.configs[0].get("step_cache") == {"mode": "schedule", "refresh": [0, 4, 9]}
 
 
 def test_missing_spec_file_and_unknown_format(tmp_path):
@@ -172,9 +197,10 @@ def test_readme_example_spec_is_valid_and_cli_check_plans_it(tmp_path, capsys):
     toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     (tmp_path / "sweep.toml").write_text(toml)
     spec = parse_spec(tmp_path / "sweep.toml")
-    assert len(spec.configs) == 3 + 4 and len(spec.prompts) == 12
+    assert len(spec.configs) == 4 + 4 and len(spec.prompts) == 12
+    assert spec.config("dpm 30 cached").get("step_cache") == {"interval": 3}
     assert main(["sweep", str(tmp_path / "sweep.toml"), "--check", "--out", str(tmp_path / "o")]) == 0
-    assert "7 configurations x 12 prompts x 2 seeds = 168 items" in capsys.readouterr().out
+    assert "8 configurations x 12 prompts x 2 seeds = 192 items" in capsys.readouterr().out
     assert not (tmp_path / "o").exists()
 
 

@@ -57,6 +57,8 @@ def summarise(rows: list[dict], configs: list[str], by_group: bool) -> list[dict
             s["wall_s"] = _mean([r["wall_s"] for r in rs])
             s["wall_s_total"] = float(sum(r["wall_s"] for r in rs))
             s["unet_s"] = _mean([r["unet_s"] for r in rs])
+            if "cache_skipped" in rs[0]:
+                s["cache_skipped"] = _mean([r["cache_skipped"] for r in rs])
             if "mse" in rs[0]:
                 psnrs = [r["psnr"] for r in rs]
                 mse = _mean([r["mse"] for r in rs])
@@ -97,7 +99,13 @@ def markdown(summary: list[dict], stats: dict) -> str:
         f"{stats['text_encoder_calls']} for {stats['prompts_encoded']} encodings "
         f"({stats['cache_hits']} served by the prompt-embedding cache). psnr/ssim: per image against the "
         "reference configuration's image of the same prompt and seed; *_worst is the worst image, psnr_pooled "
-        "pools the squared error over images. wall_s: per image (a batch's time shared by its images).\n"
+        "pools the squared error over images. wall_s: per image (a batch's time shared by its images)."
+        + (
+            " cache_skipped: the share of U-Net evaluations whose deep features the step cache replayed."
+            if any("cache_skipped" in s for s in summary)
+            else ""
+        )
+        + "\n"
     )
     return "\n".join(lines) + "\n" + notes
 

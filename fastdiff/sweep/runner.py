@@ -141,6 +141,15 @@ def run_chunk(spec, store, pipes, cache, chunk: list[Item], todo: set, refs: dic
             s = score(uint8[j : j + 1], [parse_prompt(it.prompt.text)])
             for k in ("shape_colour", "bg_colour", "shape", "all"):
                 metrics[f"attr_{k}"].append(s[k])
+    cache_run = getattr(record, "step_cache", None)
+    if cache_run is not None:  # the batch's run: a guidance pair batched in one U-Net call counts once
+        metrics_batch = {
+            "cache_full_evals": cache_run.full_evals,
+            "cache_cached_evals": cache_run.cached_evals,
+            "cache_skipped": cache_run.skipped_fraction,
+        }
+    else:
+        metrics_batch = {}
     written = 0
     for j, it in enumerate(chunk):
         if it.id not in todo:
@@ -165,6 +174,7 @@ def run_chunk(spec, store, pipes, cache, chunk: list[Item], todo: set, refs: dic
             "batch": n,
             "batch_first": chunk[0].id,
             **{k: v[j] for k, v in metrics.items()},
+            **metrics_batch,
             "image": f"items/{it.stem}.png",
             "env": env,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

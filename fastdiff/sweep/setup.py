@@ -136,7 +136,7 @@ class Pipelines:
 
 @contextmanager
 def configured(pipes: Pipelines, config: Config):
-    """The configuration's pipeline with its sampler, ``optimize`` options and engine in place; the call
+    """The configuration's pipeline with its sampler, ``optimize`` options, engine or step cache in place; the call
     keywords it needs. Everything is undone on exit, also after an error."""
     spec = pipes.spec
     pipe, encoder = pipes.get(config.get("pipeline", spec.pipeline))
@@ -166,6 +166,13 @@ def configured(pipes: Pipelines, config: Config):
             import fastdiff
 
             fastdiff.compile_engine(pipe, **config.get("engine"))
+            changed.append(pipe)
+        if (
+            config.get("step_cache") is not None
+        ):  # after optimize: a pass that swaps a module drops its wrapper
+            import fastdiff
+
+            fastdiff.step_cache(pipe, **config.get("step_cache"))
             changed.append(pipe)
         kwargs = {"guidance_scale": float(config.get("guidance", spec.guidance))}
         steps = config.get("steps")

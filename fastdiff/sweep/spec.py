@@ -12,6 +12,10 @@ A spec is a dict (or a TOML / YAML / JSON file holding one)::
     configs = [{name = "dpm 30", sampler = "dpmpp_2m", steps = 30}, ...]
     grid = {sampler = ["ddim", "unipc"], steps = [5, 10]}   # optional: the product, named automatically
 
+A configuration may set ``optimize`` (``fastdiff.optimize`` options), ``step_cache`` (``fastdiff.step_cache``
+options, e.g. ``{mode = "uniform", interval = 3}``; installed after ``optimize``) or ``engine``
+(``fastdiff.compile_engine`` options; not with ``step_cache``).
+
 Every error names the key, the value received and what is valid. (Every rule lives in this one module, the
 reason it is a little longer than most.)
 """
@@ -225,25 +229,39 @@ def _check_config(options: dict, key: str) -> None:
         if k in options and not isinstance(options[k], dict):
             raise _err(f"{key}.{k}", options[k], "expected a table of options")
     if "step_cache" in options:
-        raise SpecError(
-            f"spec[{key + '.step_cache'!r}]: step caching is not available yet in fastdiff "
-            f"{_version()}; remove the key or update fastdiff"
-        )
+        _check_step_cache(options, key)
     if "guidance" in options:
         _check_guidance(options["guidance"], f"{key}.guidance")
     if "pipeline" in options:
         _pipeline_name(options["pipeline"], f"{key}.pipeline")
 
 
+def _check_step_cache(options: dict, key: str) -> None:
+    """``fastdiff.step_cache`` keywords; what depends on the U-Net (``branch``'s range, ``gate_step`` on a
+    U-Net without cross-attention) is checked when the configuration is set up."""
+    from fastdiff.caching.cache import POLICY_OPTIONS, check_policy
+
+    opts, key = options["step_cache"], f"{key}.step_cache"
+    for k, v in opts.items():
+        if k not in ("mode", *POLICY_OPTIONS):
+            raise _err(
+                f"{key}.{k}", v, f"unknown step_cache option; valid: mode, {', '.join(POLICY_OPTIONS)}"
+            )
+    if "engine" in options:
+        raise _err(
+            key,
+            opts,
+            "a step cache replays the diffusers U-Net's own blocks, which an engine replaces: use one or the other",
+        )
+    try:
+        check_policy(**opts)
+    except (TypeError, ValueError) as e:
+        raise _err(key, opts, str(e)) from None
+
+
 def _check_guidance(g, key: str) -> None:
     if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or g < 0:
         raise _err(key, g, "expected a finite number >= 0 (<= 1 disables classifier-free guidance)")
-
-
-def _version() -> str:
-    import fastdiff
-
-    return fastdiff.__version__
 
 
 def _auto_name(options: dict) -> str:
