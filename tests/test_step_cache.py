@@ -458,6 +458,9 @@ def test_bad_arguments_name_the_argument(unet, kwargs, match):
 def test_misuse_is_refused(unet):
     with pytest.raises(TypeError, match="UNet2DConditionModel"):
         step_cache(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=r"unknown step cache option 'intervall'; valid: interval, branch"):
+        step_cache(unet, intervall=3)
+    assert not installed.installations(unet)
     handle = step_cache(unet)
     with pytest.raises(RuntimeError, match="already installed"):
         step_cache(unet)
