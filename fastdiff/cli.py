@@ -45,6 +45,8 @@ def collect_info() -> dict:
         "triton",
         "onnx",
         "onnxruntime",
+        "openvino",
+        "nncf",
         "tensorrt",
         "xformers",
         "flash_attn",
@@ -67,6 +69,7 @@ def collect_info() -> dict:
         )
     else:
         backends["engine:onnxruntime"] = "unusable: pip install 'fastdiff[onnxruntime]'"
+    backends["engine:openvino"] = _openvino_status()
     backends["engine:tensorrt"] = (
         "usable"
         if is_available("tensorrt") and device == "cuda"
@@ -74,6 +77,22 @@ def collect_info() -> dict:
     )
     info["backends"] = backends
     return info
+
+
+def _openvino_status() -> str:
+    """OpenVINO on this CPU: which precisions run natively (what ``precision="auto"`` chooses between)."""
+    from fastdiff._compat import is_available
+    from fastdiff.engines.cpu import engine_flags, has_vnni
+
+    if not is_available("openvino"):
+        return "unusable: pip install 'fastdiff[openvino]'"
+    from fastdiff.engines.runtime_ov import openvino_has_bf16
+
+    bf16 = "bf16 native" if openvino_has_bf16() else "bf16 not native (runs at f32)"
+    int8 = "int8 with VNNI" if has_vnni() else "int8 without VNNI (7-bit weights on every layer)"
+    if not is_available("nncf"):
+        int8 = "int8 needs nncf: pip install 'fastdiff[openvino]'"
+    return f"usable on CPU ({', '.join(engine_flags()) or 'flags unknown'}): {bf16}, {int8}"
 
 
 def _print_info(info: dict) -> None:

@@ -84,3 +84,23 @@ def test_cli_info_json(capsys):
     for key in ("torch", "diffusers", "triton", "xformers", "tensorrt", "onnxruntime", "device", "backends"):
         assert key in info
     assert info["backends"]["attention:auto"] == "usable"
+
+
+def test_cli_info_reports_openvino_and_what_this_cpu_runs_natively(monkeypatch):
+    """OpenVINO is a backend like the others: its version, and bf16/int8 as this CPU runs them."""
+    import fastdiff.engines.cpu as cpu
+    import fastdiff.engines.runtime_ov as rov
+    from fastdiff.cli import collect_info
+
+    pytest.importorskip("openvino")
+    info = collect_info()
+    assert info["openvino"] != "not installed" and "nncf" in info
+    monkeypatch.setattr(rov, "openvino_has_bf16", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    status = collect_info()["backends"]["engine:openvino"]
+    assert status.startswith("usable on CPU (avx2, fma)") and "bf16 not native" in status
+    assert "int8 without VNNI" in status
+    monkeypatch.setattr(rov, "openvino_has_bf16", lambda: True)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni", "avx512_bf16"}))
+    status = collect_info()["backends"]["engine:openvino"]
+    assert "bf16 native" in status and "int8 with VNNI" in status
