@@ -379,6 +379,11 @@ def test_engine_bad_inputs(pipe, fp32_cache):
         engine(x, 10, torch.randn(3, 77, 32))
     with pytest.raises(NotImplementedError, match="ControlNet"):
         engine(x, 10, ehs, mid_block_additional_residual=torch.zeros(1))
+    f = 2**pipe.unet.num_upsamplers  # the PyTorch U-Net runs any size; the traced graph only multiples of f
+    odd = torch.randn(1, 4, 4 * f + 1, 4 * f)
+    assert torch.isfinite(pipe.unet(odd, 10, ehs[:1]).sample).all()
+    with pytest.raises(ValueError, match=rf"cannot run a {4 * f + 1}x{4 * f} latent.*not a multiple of {f}"):
+        engine(odd, 10, ehs[:1])
 
 
 @settings(max_examples=4, deadline=None)

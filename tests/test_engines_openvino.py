@@ -76,6 +76,9 @@ def test_fp32_engine_matches_eager_installs_restores_and_caches(pipe, tmp_path, 
             out = engine(r["sample"], 421, r["encoder_hidden_states"]).sample
             assert snr_db(out, _eager(original, r)) > 60
         assert len(engine.runner._compiled) == 2
+        f = 2**original.num_upsamplers
+        with pytest.raises(ValueError, match=rf"openvino engine cannot run a {4 * f}x{4 * f + 1} latent"):
+            engine(torch.randn(1, 4, 4 * f, 4 * f + 1), 421, torch.randn(1, 77, 32))
         latents = pipe(["a red cat"], num_inference_steps=2, output_type="latent").images
         assert torch.isfinite(latents).all()
     finally:

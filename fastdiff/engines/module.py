@@ -68,6 +68,9 @@ class EngineUNet(nn.Module):
         else:
             self.add_embedding = None
         self.encoder_hid_proj = None
+        # diffusers' U-Net passes explicit upsample sizes when the latent is not a multiple of this; a graph
+        # traced at a multiple has no such path (see forward)
+        self._up_factor = 2 ** int(getattr(unet, "num_upsamplers", 0))
         object.__setattr__(self, "fastdiff_original_unet", unet)
 
     @property
@@ -120,7 +123,18 @@ class EngineUNet(nn.Module):
             timestep_cond=timestep_cond,
             added_cond_kwargs=added_cond_kwargs,
         )
-        out = self.runner(inputs).to(device=sample.device, dtype=sample.dtype)
+        try:
+            out = self.runner(inputs)
+        except Exception as e:
+            h, w, f = *sample.shape[-2:], self._up_factor
+            if h % f or w % f:
+                raise ValueError(
+                    f"the {self.backend} engine cannot run a {h}x{w} latent: it was traced at a latent size that "
+                    f"its {f}x upsampling divides, and {h}x{w} is not a multiple of {f} (image sides: multiples of "
+                    f"{f} x the VAE's scale factor); use such a size, or the PyTorch U-Net (fastdiff.restore(pipe))"
+                ) from e
+            raise
+        out = out.to(device=sample.device, dtype=sample.dtype)
         if not return_dict:
             return (out,)
         from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
