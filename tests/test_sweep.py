@@ -207,10 +207,36 @@ def test_sd_encoder_fingerprint_sees_lora_and_weight_changes():
     assert other.fingerprint() not in (fp, fp2)
 
 
+def _direct_call(base, prompts, sampler, steps, guidance, seed, setup=None, **call):
+    """What the sweep should reproduce: the wrapped pipeline called directly with ``sampler`` swapped in (and
+    whatever ``setup(pipe)`` installs, removed again with ``fastdiff.restore``)."""
+    import fastdiff
+    from fastdiff.samplers import make_scheduler
+    from fastdiff.sweep.setup import wrap
+
+    pipe = wrap(base)
+    own = pipe.scheduler
+    pipe.scheduler = make_scheduler(sampler, like=own)
+    try:
+        if setup is not None:
+            setup(pipe)
+        return pipe(
+            prompts,
+            num_inference_steps=steps,
+            guidance_scale=guidance,
+            output_type="np",
+            generator=[torch.Generator().manual_seed(seed) for _ in prompts],
+            **call,
+        )
+    finally:
+        if setup is not None:
+            fastdiff.restore(pipe)
+        pipe.scheduler = own
+
+
 @pytest.mark.parametrize("arch", ["sd15", "sdxl"])
 def test_cached_embeddings_give_the_pipelines_own_images(arch, tmp_path):
     """Images through the cache's prompt_embeds equal the pipeline's own prompt encoding (CFG on)."""
-    from fastdiff.sweep.setup import wrap
     from fastdiff.testing import tiny_pipeline
 
     base = tiny_pipeline(arch)
@@ -233,19 +259,7 @@ def test_cached_embeddings_give_the_pipelines_own_images(arch, tmp_path):
         tmp_path,
         progress=False,
     )
-    from fastdiff.samplers import make_scheduler
-
-    pipe = wrap(base)
-    original = pipe.scheduler
-    pipe.scheduler = make_scheduler("ddim", like=original)
-    own = pipe(
-        prompts,
-        num_inference_steps=3,
-        guidance_scale=4.0,
-        output_type="np",
-        generator=[torch.Generator().manual_seed(3) for _ in prompts],
-    ).images
-    pipe.scheduler = original
+    own = _direct_call(base, prompts, "ddim", 3, 4.0, seed=3).images
     from PIL import Image
 
     for j, r in enumerate(sorted(res.rows, key=lambda r: r["prompt_index"])):
@@ -295,8 +309,6 @@ def test_step_cache_option_runs_as_a_direct_call_and_is_removed_after(tmp_path):
 
     import fastdiff
     from fastdiff.caching.hooks import installed_cache
-    from fastdiff.samplers import make_scheduler
-    from fastdiff.sweep.setup import wrap
     from fastdiff.testing import tiny_pipeline
 
     base = tiny_pipeline("sd15")
@@ -328,23 +340,18 @@ def test_step_cache_option_runs_as_a_direct_call_and_is_removed_after(tmp_path):
         assert rows["off", j]["cache_cached_evals"] == 0
     assert installed_cache(base.unet) is None and [type(m) for m in base.unet.modules()] == modules_before
 
-    pipe = wrap(base)
-    own = pipe.scheduler
-    pipe.scheduler = make_scheduler("dpmpp_2m", like=own)
-    handle = fastdiff.step_cache(pipe, interval=3)
-    try:
-        out = pipe(
-            prompts,
-            num_inference_steps=9,
-            guidance_scale=3.0,
-            output_type="np",
-            generator=[torch.Generator().manual_seed(0) for _ in prompts],
-        )
-    finally:
-        fastdiff.restore(pipe)
-        pipe.scheduler = own
+    handles = []
+    out = _direct_call(
+        base,
+        prompts,
+        "dpmpp_2m",
+        9,
+        3.0,
+        seed=0,
+        setup=lambda p: handles.append(fastdiff.step_cache(p, interval=3)),
+    )
     run = out.fastdiff.step_cache
-    assert run.cached_evals > 0 and handle.stats.cached_calls == run.cached_evals
+    assert run.cached_evals > 0 and handles[0].stats.cached_calls == run.cached_evals
     for j in range(2):
         r = rows["cached", j]
         assert (r["cache_full_evals"], r["cache_cached_evals"]) == (run.full_evals, run.cached_evals)
@@ -372,8 +379,6 @@ def _one_config_rows(folder, pipe, prompts, config) -> list[dict]:
 def test_fast_forward_in_a_sweep_spec_runs_as_a_direct_call(tmp_path):
     """early_stop = {..., jumps = N} in a spec is FastForward: each image's NFE equals a direct call's."""
     from fastdiff.dynamic import FastForward
-    from fastdiff.samplers import make_scheduler
-    from fastdiff.sweep.setup import wrap
     from fastdiff.testing import tiny_pipeline
 
     base = tiny_pipeline("sd15")
@@ -381,20 +386,7 @@ def test_fast_forward_in_a_sweep_spec_runs_as_a_direct_call(tmp_path):
     options = {"rtol": 0.1, "patience": 1, "jumps": 3}
     config = {"name": "ff", "sampler": "dpmpp_2m", "steps": 20, "early_stop": options}
     rows = _one_config_rows(tmp_path, base, prompts, config)
-    pipe = wrap(base)
-    own = pipe.scheduler
-    pipe.scheduler = make_scheduler("dpmpp_2m", like=own)
-    try:
-        out = pipe(
-            prompts,
-            num_inference_steps=20,
-            early_stop=FastForward(**options),
-            guidance_scale=3.0,
-            output_type="np",
-            generator=[torch.Generator().manual_seed(0) for _ in prompts],
-        )
-    finally:
-        pipe.scheduler = own
+    out = _direct_call(base, prompts, "dpmpp_2m", 20, 3.0, seed=0, early_stop=FastForward(**options))
     assert [r["nfe"] for r in rows] == out.fastdiff.nfe_per_sample
     assert max(out.fastdiff.nfe_per_sample) < 20, "rows jumped: FastForward ran, not EarlyStop"
 
