@@ -362,6 +362,36 @@ def test_step_cache_option_runs_as_a_direct_call_and_is_removed_after(tmp_path):
     assert "cache_skipped" not in res.summary_for("plain")
 
 
+def test_a_configuration_is_set_up_once_for_all_its_batches(tmp_path, monkeypatch):
+    """An engine build or optimize's verification per batch would dominate a sweep: one set-up per
+    configuration and process, undone after its last batch (and the images are unchanged)."""
+    import fastdiff
+    from fastdiff.caching.hooks import installed_cache
+    from fastdiff.testing import tiny_pipeline
+
+    base = tiny_pipeline("sd15")
+    base.set_progress_bar_config(disable=True)
+    calls = []
+    real = fastdiff.step_cache
+    monkeypatch.setattr(fastdiff, "step_cache", lambda *a, **k: calls.append(k) or real(*a, **k))
+    spec = {
+        "pipeline": lambda: base,
+        "reference": "plain",
+        "prompts": ["a red circle", "a blue square", "a green bird"],
+        "seeds": [0, 1],
+        "guidance": 3.0,
+        "batch_size": 2,  # 3 batches per configuration
+        "metrics": ["psnr", "nfe"],
+        "configs": [
+            {"name": "plain", "sampler": "dpmpp_2m", "steps": 6},
+            {"name": "off", "sampler": "dpmpp_2m", "steps": 6, "step_cache": {"mode": "off"}},
+        ],
+    }
+    res = sweep(spec, tmp_path, progress=False)
+    assert calls == [{"mode": "off"}] and installed_cache(base.unet) is None
+    assert len(res.rows) == 12 and math.isinf(res.summary_for("off")["psnr_worst"])  # the same images
+
+
 def _one_config_rows(folder, pipe, prompts, config) -> list[dict]:
     """Sweep one configuration over ``prompts`` (seed 0, guidance 3) and return its rows in prompt order."""
     spec = {

@@ -5,7 +5,9 @@ Order of work, the same on every process:
 1. validate the spec (no model loaded yet) and check it against the folder's recorded spec;
 2. the reference configuration's items (its images are computed once, saved, and read back by every
    process for the fidelity metrics of the other configurations);
-3. all other configurations, one at a time, so a process holds one pipeline state at a time.
+3. all other configurations, one at a time, so a process holds one pipeline state at a time; each is set up
+   once per process (sampler, ``optimize``, engine, step cache: :func:`~fastdiff.sweep.setup.configured`) for all
+   its batches there, and undone after them.
 
 Each configuration's batches (:func:`fastdiff.sweep.store.chunks_of`) are split between processes with
 ``accelerate.PartialState().split_between_processes``. Every process scans which items are finished, then
@@ -90,30 +92,31 @@ def _peak_memory() -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process max RSS so far (MiB)"
 
 
-def run_chunk(spec, store, pipes, cache, chunk: list[Item], todo: set, refs: dict, env: dict, log) -> int:
-    """Generate one batch and write its unfinished items; returns how many were written."""
+def run_chunk(spec, store, setup, cache, chunk: list[Item], todo: set, refs: dict, env: dict, log) -> int:
+    """Generate one batch and write its unfinished items; returns how many were written. ``setup``: what
+    :func:`~fastdiff.sweep.setup.configured` gives for the chunk's configuration (pipe, encoder, kwargs)."""
     from fastdiff.metrics import psnr, score, ssim
 
     config = chunk[0].config
-    with configured(pipes, config) as (pipe, encoder, kwargs):
-        prompts = [it.prompt.text for it in chunk]
-        generators = [torch.Generator("cpu").manual_seed(it.seed) for it in chunk]
-        t_enc = time.perf_counter()
-        # steps="auto" reads the prompt text (its keywords pick the step table), so those calls get text
-        if encoder is not None and kwargs.get("steps") != "auto":
-            call = cache.call_kwargs(
-                encoder, prompts, spec.negative_prompt, uses_cfg(pipe, kwargs["guidance_scale"])
-            )
-        else:
-            call = {"prompt": prompts, "negative_prompt": spec.negative_prompt}
-        encode_s = time.perf_counter() - t_enc
-        timer = _UNetTimer()
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        with timer.around(timed_module(pipe)):
-            out = pipe(**call, **kwargs, generator=generators, output_type="np")
-        wall = time.perf_counter() - t0
+    pipe, encoder, kwargs = setup
+    prompts = [it.prompt.text for it in chunk]
+    generators = [torch.Generator("cpu").manual_seed(it.seed) for it in chunk]
+    t_enc = time.perf_counter()
+    # steps="auto" reads the prompt text (its keywords pick the step table), so those calls get text
+    if encoder is not None and kwargs.get("steps") != "auto":
+        call = cache.call_kwargs(
+            encoder, prompts, spec.negative_prompt, uses_cfg(pipe, kwargs["guidance_scale"])
+        )
+    else:
+        call = {"prompt": prompts, "negative_prompt": spec.negative_prompt}
+    encode_s = time.perf_counter() - t_enc
+    timer = _UNetTimer()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    with timer.around(timed_module(pipe)):
+        out = pipe(**call, **kwargs, generator=generators, output_type="np")
+    wall = time.perf_counter() - t0
     images = np.asarray(out.images, dtype=np.float32)
     if images.shape[0] != len(chunk):
         raise RuntimeError(
@@ -213,11 +216,13 @@ def run(spec, out_dir, *, extend: bool = False, progress: bool = True, collate: 
             with state.split_between_processes(chunks) as mine:
                 mine = [ch for ch in mine if any(it.id in todo for it in ch)]
                 bar = _bar(progress, config.name, sum(len(ch) for ch in mine), state)
-                for ch in mine:
-                    refs = _references(spec, store, ch)
-                    k = run_chunk(spec, store, pipes, cache, ch, todo, refs, env, log)
-                    written += k
-                    bar.update(len(ch))
+                # set up once per configuration (an engine compiles, optimize verifies), undone after it
+                if mine:
+                    with configured(pipes, config) as setup:
+                        for ch in mine:
+                            refs = _references(spec, store, ch)
+                            written += run_chunk(spec, store, setup, cache, ch, todo, refs, env, log)
+                            bar.update(len(ch))
                 bar.close()
             if config.name == spec.reference:
                 state.wait_for_everyone()  # reference images exist before anyone compares with them
