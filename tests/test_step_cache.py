@@ -455,6 +455,49 @@ def test_bad_arguments_name_the_argument(unet, kwargs, match):
     assert not installed.installations(unet) and "forward" not in unet.conv_in.__dict__
 
 
+def test_a_unit_replaced_after_install_is_refused_and_an_unused_one_is_not(pipe, unet):
+    """A module swapped in after step_cache (e.g. by a later optimize pass) has no wrapper: a run that would
+    replay, read or gate it raises; a swap of a module the policy never replays (conv_in, as CPU Winograd
+    does) keeps the cache working, as installing it after the swap does (to float rounding: optimize's
+    verification probe then runs through the cache)."""
+    import copy
+
+    import fastdiff
+
+    inp = _inputs(unet)
+    step_cache(unet, interval=2)
+    original_mid = unet.mid_block
+    unet.mid_block = copy.deepcopy(original_mid)  # replayed at branch 0
+    try:
+        with (
+            torch.no_grad(),
+            pytest.raises(RuntimeError, match="mid_block was replaced after the step cache"),
+        ):
+            _call(unet, inp, TS[0])
+    finally:
+        unet.mid_block = original_mid
+    installed.undo_all(unet)
+
+    def run():
+        handle = unet.__dict__["_fastdiff_step_cache"]
+        with torch.no_grad():
+            for t in TS:
+                out = _call(unet, inp, t)
+        assert handle.last_run().cached_evals > 0
+        return out
+
+    fastdiff.optimize(unet, winograd=True, attention="math")  # conv_in becomes WinogradConv2d
+    step_cache(unet, interval=2)
+    after = run()
+    installed.undo_all(unet)
+    step_cache(unet, interval=2)
+    fastdiff.optimize(unet, winograd=True, attention="math")
+    assert type(unet.conv_in).__name__ == "WinogradConv2d"
+    before = run()
+    installed.undo_all(unet)
+    torch.testing.assert_close(before, after, rtol=1e-4, atol=1e-5)
+
+
 def test_misuse_is_refused(unet):
     with pytest.raises(TypeError, match="UNet2DConditionModel"):
         step_cache(torch.nn.Linear(2, 2))

@@ -56,6 +56,7 @@ class CallHooks:
             if self._step == 0 and self._calls_per_step is None:
                 self._calls_per_step = self._slot + 1
             if self._step < 0:
+                self._check_units()
                 self.stats.runs += 1
                 self._run_serial += 1
                 self.stats.trace = []
@@ -205,6 +206,27 @@ class CallHooks:
 
         return forward
 
+    def _check_units(self) -> None:
+        """Refuse a run if a module the policy replays, reads or gates is no longer the U-Net's own: one swapped
+        in after installation (an optimize pass replacing ResnetBlock2D, say) has no wrapper, so the cache
+        would report cached steps while that module recomputes from replayed inputs."""
+        needed = self._replayed | {self._entry} | ({self._probe} if self.mode == "adaptive" else set())
+        if self.gate_step is not None:
+            needed |= {id(m) for _, m in self._xattn}
+        for name, module in self._units:
+            if id(module) not in needed:
+                continue
+            try:
+                current = self.unet.get_submodule(name)
+            except AttributeError:
+                current = None
+            if current is not module:
+                raise RuntimeError(
+                    f"the U-Net's {name} was replaced after the step cache was installed (fastdiff.optimize after "
+                    "fastdiff.step_cache?), so the cache no longer wraps it; fastdiff.restore, then optimize, then "
+                    "step_cache"
+                )
+
     def _install(self) -> None:
         units = [u for g in self._layout.producers for u in g] + [u for g in self._layout.up_path for u in g]
         if self._layout.mid is not None:
@@ -213,6 +235,7 @@ class CallHooks:
             self._wrap(u.module, self._unit_forward(u.module))
         for _, attn2 in self._xattn:
             self._wrap(attn2, self._gate_forward(attn2))
+        self._units = [(u.name, u.module) for u in units] + list(self._xattn)
         pre = self.unet.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         post = self.unet.register_forward_hook(self._post_hook, with_kwargs=True)
         self._hook = (pre, post)
