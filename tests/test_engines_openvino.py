@@ -94,6 +94,26 @@ def test_fp32_engine_matches_eager_installs_restores_and_caches(pipe, tmp_path, 
     assert again.quality["snr_db"] == engine.quality["snr_db"]
 
 
+def test_rows_leaving_the_batch_compile_one_dynamic_batch_model(pipe, tmp_path):
+    """Early stop shrinks the batch row by row: a batch larger than any before compiles static (a call's
+    first steps), every smaller one runs on one model with a dynamic batch axis (a static compile per size
+    cost more than the rows saved: benchmarks/results/engines-shrinking-batch-*.md); every size matches eager."""
+    engine = compile_engine(pipe.unet, backend="openvino", precision="fp32", cache_dir=tmp_path)
+    engine.runner._compiled.clear()  # what the quality check compiled
+    engine.runner._largest.clear()
+    gen = torch.Generator().manual_seed(5)
+    for batch in (4, 3, 2, 1, 4, 2):
+        r = {
+            "sample": torch.randn(batch, 4, 16, 16, generator=gen),
+            "timestep": torch.full((batch,), 321.0),
+            "encoder_hidden_states": torch.randn(batch, 77, 32, generator=gen),
+        }
+        out = engine(r["sample"], 321, r["encoder_hidden_states"]).sample
+        assert snr_db(out, _eager(pipe.unet, r)) > 60
+    keys = list(engine.runner._compiled)
+    assert len(keys) == 2 and keys[0][0] == (4, 4, 16, 16) and keys[1][0] == "any batch"
+
+
 def test_dynamic_runner_matches_static(pipe, tmp_path):
     static = compile_engine(pipe.unet, backend="openvino", cache_dir=tmp_path)
     dynamic = compile_engine(
