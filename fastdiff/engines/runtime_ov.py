@@ -294,7 +294,8 @@ class OvRunner:
 
     With ``static=True`` the model is reshaped to each new input shape and compiled for it (a
     handful of shapes per pipeline; each compiled model is kept), which lets the CPU plugin pick
-    shape-specific kernels. ``static=False`` compiles once with the exported dynamic axes.
+    shape-specific kernels; a smaller batch of a shape already compiled (rows that left the batch) runs on
+    one model with a dynamic batch axis instead. ``static=False`` compiles once with the exported dynamic axes.
     """
 
     backend = "openvino"
