@@ -36,10 +36,10 @@ from fastdiff import compile_engine  # noqa: E402
 from fastdiff.unet_inputs import unet_signature  # noqa: E402
 
 
-def per_step(pipe, side: int, batch: int, smaller: int, reps: int) -> list[dict]:
+def per_step(pipe, side: int, batch: int, smaller: int, reps: int, cache_dir: str) -> list[dict]:
     from fastdiff.engines.runtime_ov import numpy_feed
 
-    engine = compile_engine(pipe.unet, backend="openvino", precision="fp32", cache_dir=tempfile.mkdtemp())
+    engine = compile_engine(pipe.unet, backend="openvino", precision="fp32", cache_dir=cache_dir)
     runner, sig = engine.runner, unet_signature(pipe.unet)
     latent = side // pipe.vae_scale_factor
 
@@ -73,14 +73,14 @@ def per_step(pipe, side: int, batch: int, smaller: int, reps: int) -> list[dict]
     return rows
 
 
-def end_to_end(reps: int) -> list[dict]:
+def end_to_end(reps: int, cache_dir: str) -> list[dict]:
     import fastdiff
     from fastdiff.sweep.prompts import prompts_of
 
     prompts = [p.text for p in prompts_of({"prompts": {"tiny": "heldout", "limit": 8}})]
     pipe = fastdiff.StableDiffusionPipeline.from_pipe(fastdiff.tiny.load_pipeline("base"))
     pipe.set_progress_bar_config(disable=True)
-    engine = fastdiff.compile_engine(pipe, backend="openvino", precision="fp32", cache_dir=tempfile.mkdtemp())
+    engine = fastdiff.compile_engine(pipe, backend="openvino", precision="fp32", cache_dir=cache_dir)
     runner = engine.runner
     rows = []
     for label, kw, forget in (
@@ -132,14 +132,16 @@ def main():
     load = load_average()
     t0 = time.time()
     pipe, side = make_pipeline(args.model, 256 if args.model != "tiny" else None)
-    rows = per_step(
-        pipe,
-        side,
-        batch=4 if args.model != "tiny" else 16,
-        smaller=2 if args.model != "tiny" else 6,
-        reps=args.reps,
-    )
-    e2e = end_to_end(args.reps) if args.model == "tiny" else []
+    with tempfile.TemporaryDirectory(prefix="fastdiff-shrinking-batch-") as cache_dir:  # SD1.5: several GB
+        rows = per_step(
+            pipe,
+            side,
+            batch=4 if args.model != "tiny" else 16,
+            smaller=2 if args.model != "tiny" else 6,
+            reps=args.reps,
+            cache_dir=cache_dir,
+        )
+        e2e = end_to_end(args.reps, cache_dir) if args.model == "tiny" else []
     meta = env_info()
     meta.update(
         model=args.model,
