@@ -498,6 +498,19 @@ def test_a_unit_replaced_after_install_is_refused_and_an_unused_one_is_not(pipe,
     torch.testing.assert_close(before, after, rtol=1e-4, atol=1e-5)
 
 
+def test_refresh_steps_beyond_the_run_are_reported(unet):
+    """An explicit refresh list made for a longer run: the steps past this run's end are named in the notes."""
+    inp = _inputs(unet)
+    handle = step_cache(unet, mode="schedule", refresh=[0, 2, 7, 9])
+    handle.set_schedule(TS)
+    with torch.no_grad():
+        for t in TS:
+            _call(unet, inp, t)
+    run = handle.last_run()
+    assert run.refresh_steps == (0, 2, 4)  # 4: the last step, always full
+    assert any("refresh steps [7, 9] lie beyond this 5-step run" in n for n in run.notes)
+
+
 def test_misuse_is_refused(unet):
     with pytest.raises(TypeError, match="UNet2DConditionModel"):
         step_cache(torch.nn.Linear(2, 2))

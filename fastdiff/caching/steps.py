@@ -107,6 +107,10 @@ class StepClock:
                     self._plan = set(plan_refresh(self.refresh, n, budget))
                     self._plan_n = n
                 return k in self._plan
+            if n is not None and k == 1 and max(self.refresh, default=0) >= n:  # said once per run
+                self._note(
+                    f"refresh steps {[s for s in self.refresh if s >= n]} lie beyond this {n}-step run: unused"
+                )
             return k in self.refresh
         if self.max_skip is not None and self._since_full >= self.max_skip:
             return True
