@@ -260,14 +260,19 @@ def run_fitted_chunk(fits, n_prompts, n_cal, log):
 
 
 # ----------------------------------------------------------------------------- exact mixture
-def run_gmm_chunk(log, n_test=128):
+def gmm_testbed(guidance: float | None, n_test: int = 128):
+    """The exact testbed: (denoiser, initial noise, float64 ODE solution); guidance None or 1 is unguided."""
     mixture = GaussianMixture.random(dims=48, components=6, std=0.15, num_classes=3, seed=0)
     x = torch.randn(n_test, mixture.dims, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(n_test) % 3 if guidance not in (None, 1.0) else None
+    model = GMMDenoiser(mixture, class_labels=labels, guidance_scale=guidance or 1.0)
+    return model, x, probability_flow_reference(model, x)
+
+
+def run_gmm_chunk(log, n_test=128):
     rows = []
     for label, guidance in (("gmm unguided", None), (f"gmm guided w={GUIDANCE:g}", GUIDANCE)):
-        labels = torch.arange(n_test) % 3 if guidance else None
-        model = GMMDenoiser(mixture, class_labels=labels, guidance_scale=guidance or 1.0)
-        ref = probability_flow_reference(model, x)
+        model, x, ref = gmm_testbed(guidance, n_test)
         for sampler in SAMPLERS:
             if sampler == "dpmpp_2m_sde":
                 continue  # stochastic: does not follow the ODE, no exact reference

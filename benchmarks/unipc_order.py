@@ -30,13 +30,19 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import RESULTS_DIR, env_info, hardware_line, markdown_table  # noqa: E402
-from benchmarks.sampler_defaults import GUIDANCE, NFES, REF_STEPS, image_row, sample_both, tiny_setup  # noqa: E402
-from fastdiff.samplers.gmm import GaussianMixture, GMMDenoiser, probability_flow_reference, rms_errors  # noqa: E402
+from benchmarks.sampler_defaults import (  # noqa: E402
+    GUIDANCE,
+    NFES,
+    REF_STEPS,
+    gmm_testbed,
+    image_row,
+    sample_both,
+    tiny_setup,
+)
+from fastdiff.samplers.gmm import rms_errors  # noqa: E402
 
 NAME = "unipc_order"
 PROMPTS = 72
@@ -77,14 +83,10 @@ def run_tiny(log) -> list[dict]:
     return rows
 
 
-def run_gmm(log, n_test: int = 128) -> list[dict]:
-    mixture = GaussianMixture.random(dims=48, components=6, std=0.15, num_classes=3, seed=0)
-    x = torch.randn(n_test, mixture.dims, generator=torch.Generator().manual_seed(0))
+def run_gmm(log) -> list[dict]:
     rows = []
     for w in (GUIDANCE, 1.0):
-        labels = torch.arange(n_test) % 3 if w != 1.0 else None
-        model = GMMDenoiser(mixture, class_labels=labels, guidance_scale=w)
-        ref = probability_flow_reference(model, x)
+        model, x, ref = gmm_testbed(w)
         for sampler, options in VARIANTS:
             for sched in SCHEDULES:
                 for nfe in NFES:
