@@ -138,6 +138,28 @@ def test_draft_pipeline_without_an_lcm_scheduler_fails_before_running(pipe, monk
     assert calls == []
 
 
+@pytest.mark.parametrize("steps", ["fast", "auto"])
+@pytest.mark.parametrize("student", ["diffusers-lcm", "fastdiff-lcm", "distilled-unet"])
+def test_presets_on_an_lcm_student_fail_before_running(steps, student, monkeypatch):
+    """Presets and "auto" swap in DPM-Solver++(2M) with teacher-measured counts: not for an LCM student."""
+    from diffusers import LCMScheduler
+
+    p = fastdiff.StableDiffusionPipeline.from_pipe(tiny_pipeline("sd15", seed=2))
+    if student == "diffusers-lcm":
+        p.scheduler = LCMScheduler.from_config(p.scheduler.config)
+    elif student == "fastdiff-lcm":
+        p.scheduler = fastdiff.make_scheduler("lcm", like=p.scheduler)
+    else:
+        p.unet.register_to_config(time_cond_proj_dim=32)
+    calls = []
+    monkeypatch.setattr(p.unet, "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(
+        ValueError, match=f"steps={steps!r} runs DPM-Solver.*LCM.*pass the number of LCM steps"
+    ):
+        p("a red circle", steps=steps, guidance_scale=1.0)
+    assert calls == []
+
+
 @pytest.mark.parametrize("scheduler", ["diffusers", "fastdiff"])
 def test_draft_pipeline_with_an_lcm_scheduler_runs(pipe, scheduler):
     from diffusers import LCMScheduler

@@ -34,7 +34,7 @@ from fastdiff.pipelines.checks import (
     check_output_type,
     check_preview_steps,
 )
-from fastdiff.pipelines.plan import CallPlan, plan_call
+from fastdiff.pipelines.plan import CallPlan, check_default_sampler_fits, plan_call
 from fastdiff.pipelines.records import FastdiffRecord, Producer, RefineState
 from fastdiff.pipelines.unet_calls import UNetCalls
 
@@ -83,7 +83,8 @@ class FastdiffPipelineMixin:
           counts the full schedule the same way.
         * ``num_images_per_prompt`` copies are laid out prompt-major.
         * ``output_type="latent"`` returns the latents undecoded and skips the safety checker.
-        * ``steps`` presets and ``"auto"`` run fastdiff's default sampler for that call only;
+        * ``steps`` presets and ``"auto"`` run fastdiff's default sampler for that call only (refused on
+          an LCM student: LCM scheduler or distilled U-Net);
           ``pipe.scheduler`` runs otherwise and is never changed.
 
         Departures from diffusers: ``eta`` other than 0 raises where the scheduler that runs would drop
@@ -105,6 +106,8 @@ class FastdiffPipelineMixin:
             preview_steps=preview_steps,
             text_to_image=self._fastdiff_text_to_image,
         )
+        if plan is not None and plan.use_default_sampler:
+            check_default_sampler_fits(self, steps)
         runs = default_scheduler(like=self.scheduler) if plan and plan.use_default_sampler else self.scheduler
         check_eta(kwargs, runs)
         if plan is None:

@@ -98,17 +98,41 @@ def _is_pipeline(obj) -> bool:
     return isinstance(obj, DiffusionPipeline)
 
 
-def _check_lcm_scheduler(draft_pipe) -> None:
-    """A draft pipeline must sample with LCM: its own scheduler would run while the record says "LCM steps"."""
+def _samples_with_lcm(pipe) -> bool:
+    """Whether ``pipe.scheduler`` is diffusers' LCMScheduler or fastdiff's ``make_scheduler("lcm")``."""
     from diffusers import LCMScheduler
 
     from fastdiff.samplers.scheduler import FastScheduler
 
+    scheduler = getattr(pipe, "scheduler", None)
+    return isinstance(scheduler, LCMScheduler) or (
+        isinstance(scheduler, FastScheduler) and scheduler.config.sampler == "lcm"
+    )
+
+
+def check_default_sampler_fits(pipe, steps) -> None:
+    """``steps`` presets and ``"auto"`` swap in DPM-Solver++(2M) with step counts measured on a teacher model;
+    on an LCM student (an LCM scheduler, or a U-Net distilled with a guidance embedding) that would run the
+    student off the sampler it was distilled for, so such a call is refused before any model runs."""
+    unet_config = getattr(getattr(pipe, "unet", None), "config", None)
+    distilled = getattr(unet_config, "time_cond_proj_dim", None) is not None
+    if _samples_with_lcm(pipe) or distilled:
+        what = (
+            "an LCM scheduler" if _samples_with_lcm(pipe) else "an LCM-distilled U-Net (time_cond_proj_dim)"
+        )
+        raise ValueError(
+            f"steps={steps!r} runs DPM-Solver++(2M) for a step count measured on a teacher model, but this "
+            f"pipeline has {what}; pass the number of LCM steps as an int (e.g. steps=4)"
+        )
+
+
+def _check_lcm_scheduler(draft_pipe) -> None:
+    """A draft pipeline must sample with LCM: its own scheduler would run while the record says "LCM steps"."""
+    from fastdiff.samplers.scheduler import FastScheduler
+
+    if _samples_with_lcm(draft_pipe):
+        return
     scheduler = getattr(draft_pipe, "scheduler", None)
-    if isinstance(scheduler, LCMScheduler):
-        return
-    if isinstance(scheduler, FastScheduler) and scheduler.config.sampler == "lcm":
-        return
     name = type(scheduler).__name__
     if isinstance(scheduler, FastScheduler):
         name += f"(sampler={scheduler.config.sampler!r})"
