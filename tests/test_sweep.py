@@ -171,8 +171,51 @@ def test_prompt_embedding_cache_encodes_each_prompt_once_per_process(tmp_path):
     sweep({**spec, "embedding_cache": False}, tmp_path / "off", progress=False, collate=False)
     off = collate(tmp_path / "off", plots=False)
     batches = 3 * 4  # 10 items per configuration in batches of 3
-    assert off.stats["text_encoder_calls"] == 30 + batches
+    warm_up = 3 * (3 + 1)  # each configuration's first batch once more, untimed (wall_s is measured)
+    assert off.stats["text_encoder_calls"] == 30 + batches + warm_up
     _same_rows(_rows(tmp_path / "on"), _rows(tmp_path / "off"))
+
+
+class _ColdStart(FakePipeline):
+    """The first call pays a one-time cost, as a first CUDA call, a lazy compile or allocator growth do."""
+
+    delay = 0.0
+
+    def __call__(self, *args, **kwargs):
+        if self.calls == 0:
+            time.sleep(0.6)
+        return super().__call__(*args, **kwargs)
+
+
+@pytest.mark.parametrize("warmup", [None, 0, 2])
+def test_timing_starts_after_an_untimed_warm_up_of_each_configuration(tmp_path, warmup):
+    """First-call costs must not land in the first batch's wall_s: with a timing metric (by default) each
+    configuration's first batch runs untimed before its timed batches; the images are the same bits."""
+    pipe = _ColdStart()
+    spec = fake_spec(pipeline=lambda: pipe)
+    if warmup is not None:
+        spec["warmup"] = warmup
+    res = sweep(spec, tmp_path / "run", progress=False)
+    n_warm = 1 if warmup is None else warmup
+    assert pipe.calls == 3 * 4 + 3 * n_warm  # 4 batches of each of 3 configurations, plus the warm-ups
+    walls = {r["id"]: r["wall_s"] for r in res.rows}
+    cold = [r["id"] for r in res.rows if r["config"] == "ref" and r["batch_first"] == r["id"]]
+    if n_warm:
+        assert max(walls.values()) < 0.1  # the 0.6 s start was paid by a warm-up call
+        assert f"after {n_warm} untimed warm-up call(s)" in (tmp_path / "run" / "summary.md").read_text()
+    else:
+        assert walls[cold[0]] >= 0.2  # 0.6 s shared by the first batch's 3 images
+        assert "no warm-up" in (tmp_path / "run" / "summary.md").read_text()
+    assert {r["warmup_calls"] for r in res.rows} == {n_warm}
+    plain = tmp_path / "plain"
+    sweep(fake_spec(warmup=0), plain, progress=False, collate=False)
+    assert _images(tmp_path / "run") == _images(plain)
+
+
+def test_warm_up_defaults_off_without_a_timing_metric(tmp_path):
+    pipe = FakePipeline()
+    sweep(fake_spec(pipeline=lambda: pipe, metrics=["psnr", "nfe"]), tmp_path, progress=False, collate=False)
+    assert pipe.calls == 3 * 4
 
 
 def test_embedding_cache_is_keyed_by_the_encoder_weights():

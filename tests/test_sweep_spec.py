@@ -81,6 +81,8 @@ BAD = {
     "draft without model": (dict(configs=[{"name": "ref", "draft": {"strength": 0.5}}]), "draft"),
     "no configs": (dict(configs=[], reference=None, metrics=["nfe"]), "configs"),
     "bad save_arrays": (dict(save_arrays="some"), "save_arrays"),
+    "negative warmup": (dict(warmup=-1), "warmup"),
+    "warmup not an int": (dict(warmup=True), "warmup"),
 }
 
 

@@ -99,7 +99,8 @@ def markdown(summary: list[dict], stats: dict) -> str:
         f"{stats['text_encoder_calls']} for {stats['prompts_encoded']} encodings "
         f"({stats['cache_hits']} served by the prompt-embedding cache). psnr/ssim: per image against the "
         "reference configuration's image of the same prompt and seed; *_worst is the worst image, psnr_pooled "
-        "pools the squared error over images. wall_s: per image (a batch's time shared by its images)."
+        "pools the squared error over images. wall_s: per image (a batch's time shared by its images)"
+        + _warmup_note(stats.get("warmup_calls", []))
         + (
             " cache_skipped: the share of U-Net evaluations whose deep features the step cache replayed."
             if any("cache_skipped" in s for s in summary)
@@ -108,6 +109,16 @@ def markdown(summary: list[dict], stats: dict) -> str:
         + "\n"
     )
     return "\n".join(lines) + "\n" + notes
+
+
+def _warmup_note(counts: list) -> str:
+    if not counts:
+        return "."
+    if counts == [0]:
+        return ", timed from each configuration's first call (no warm-up)."
+    if len(counts) == 1 and counts[0] is not None:
+        return f", after {counts[0]} untimed warm-up call(s) of each configuration's first batch per process."
+    return f"; untimed warm-up calls per configuration differ between rows ({counts}: None is a row from before warm-up existed)."
 
 
 def _stats(folder: Path, rows: list[dict]) -> dict:
@@ -119,6 +130,8 @@ def _stats(folder: Path, rows: list[dict]) -> dict:
             total[k] += d.get(k, 0)
     total["processes"] = len(files)
     total["items"] = len(rows)
+    # rows written before warm-up calls existed have no count: None, so the notes do not claim one
+    total["warmup_calls"] = sorted({r.get("warmup_calls") for r in rows}, key=lambda w: (w is None, w or 0))
     return total
 
 

@@ -92,12 +92,8 @@ def _peak_memory() -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process max RSS so far (MiB)"
 
 
-def run_chunk(spec, store, setup, cache, chunk: list[Item], todo: set, refs: dict, env: dict, log) -> int:
-    """Generate one batch and write its unfinished items; returns how many were written. ``setup``: what
-    :func:`~fastdiff.sweep.setup.configured` gives for the chunk's configuration (pipe, encoder, kwargs)."""
-    from fastdiff.metrics import psnr, score, ssim
-
-    config = chunk[0].config
+def _generate(spec, setup, cache, chunk: list[Item]):
+    """One batch's pipeline call: (output, encode seconds, wall seconds, U-Net seconds)."""
     pipe, encoder, kwargs = setup
     prompts = [it.prompt.text for it in chunk]
     generators = [torch.Generator("cpu").manual_seed(it.seed) for it in chunk]
@@ -116,7 +112,17 @@ def run_chunk(spec, store, setup, cache, chunk: list[Item], todo: set, refs: dic
     t0 = time.perf_counter()
     with timer.around(timed_module(pipe)):
         out = pipe(**call, **kwargs, generator=generators, output_type="np")
-    wall = time.perf_counter() - t0
+    return out, encode_s, time.perf_counter() - t0, timer.seconds
+
+
+def run_chunk(spec, store, setup, cache, chunk: list[Item], todo: set, refs: dict, env: dict, log) -> int:
+    """Generate one batch and write its unfinished items; returns how many were written. ``setup``: what
+    :func:`~fastdiff.sweep.setup.configured` gives for the chunk's configuration (pipe, encoder, kwargs)."""
+    from fastdiff.metrics import psnr, score, ssim
+
+    config = chunk[0].config
+    kwargs = setup[2]
+    out, encode_s, wall, unet_s = _generate(spec, setup, cache, chunk)
     images = np.asarray(out.images, dtype=np.float32)
     if images.shape[0] != len(chunk):
         raise RuntimeError(
@@ -170,7 +176,8 @@ def run_chunk(spec, store, setup, cache, chunk: list[Item], todo: set, refs: dic
             "nfe": record.nfe_per_sample[j],
             "steps": record.num_steps[j] if j < len(record.num_steps) else None,
             "wall_s": wall / n,  # the batch's time, shared equally by its images
-            "unet_s": timer.seconds / n,
+            "unet_s": unet_s / n,
+            "warmup_calls": spec.warmup,  # untimed calls of this configuration before its timed batches
             "encode_s": encode_s / n,
             "peak_mem_mib": peak,
             "peak_mem_kind": peak_kind,
@@ -219,6 +226,10 @@ def run(spec, out_dir, *, extend: bool = False, progress: bool = True, collate: 
                 # set up once per configuration (an engine compiles, optimize verifies), undone after it
                 if mine:
                     with configured(pipes, config) as setup:
+                        # untimed: first-call costs (allocator growth, kernel choice, lazy compiles, CUDA
+                        # context) would otherwise land in the first batch's wall_s and unet_s
+                        for _ in range(spec.warmup):
+                            _generate(spec, setup, cache, mine[0])
                         for ch in mine:
                             refs = _references(spec, store, ch)
                             written += run_chunk(spec, store, setup, cache, ch, todo, refs, env, log)

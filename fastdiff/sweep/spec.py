@@ -9,6 +9,8 @@ A spec is a dict (or a TOML / YAML / JSON file holding one)::
     seeds = [0, 1]                        # every prompt with every seed (seed_per_prompt: seed + prompt index)
     guidance = 5.0
     metrics = ["psnr", "ssim", "attributes", "nfe", "unet_s", "wall_s", "peak_mem"]
+    warmup = 1                            # untimed calls of each configuration's first batch before timing
+                                          # (default 1 when wall_s or unet_s is measured, else 0)
     configs = [{name = "dpm 30", sampler = "dpmpp_2m", steps = 30}, ...]
     grid = {sampler = ["ddim", "unipc"], steps = [5, 10]}   # optional: the product, named automatically
 
@@ -67,7 +69,9 @@ TOP_KEYS = (
     "device",
     "dtype",
     "embedding_cache",
+    "warmup",
 )
+TIMING_METRICS = ("wall_s", "unet_s")
 SAVE_ARRAYS = ("reference", "all", "none")
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -101,6 +105,7 @@ class Spec:
     device: str = "auto"
     dtype: str = "float32"
     embedding_cache: bool = True
+    warmup: int = 1  # untimed calls per configuration and process (default: 1 with a timing metric, else 0)
     raw: dict = field(
         default_factory=dict, repr=False
     )  # the canonical, JSON-able spec recorded in the folder
@@ -376,6 +381,11 @@ def parse_spec(spec: dict | str | os.PathLike) -> Spec:
         raise _err("negative_prompt", neg, "expected a string")
     if not isinstance(data.get("embedding_cache", True), bool):
         raise _err("embedding_cache", data["embedding_cache"], "expected true or false")
+    warmup = data.get("warmup", 1 if any(m in TIMING_METRICS for m in metrics) else 0)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise _err(
+            "warmup", warmup, "expected an int >= 0 (untimed calls of each configuration's first batch)"
+        )
     if not isinstance(data.get("seed_per_prompt", False), bool):
         raise _err("seed_per_prompt", data["seed_per_prompt"], "expected true or false")
     return Spec(
@@ -395,6 +405,7 @@ def parse_spec(spec: dict | str | os.PathLike) -> Spec:
         device=device,
         dtype=dtype,
         embedding_cache=data.get("embedding_cache", True),
+        warmup=warmup,
         raw=canonical(data),
     )
 
