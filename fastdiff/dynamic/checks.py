@@ -76,10 +76,10 @@ def check_inputs(
         )
 
 
-def steps_per_row(num_inference_steps, batch: int) -> list[int] | None:
-    """Per-row step counts, or None if the scheduler's current timesteps are to be used as they are."""
+def steps_per_row(num_inference_steps, batch: int) -> list[int | None]:
+    """Per-row step counts; None for every row: the scheduler's current timesteps are used as they are."""
     if num_inference_steps is None:
-        return None
+        return [None] * batch
     what = "num_inference_steps must be an int, a sequence of ints (one per row), a StepPlanner or None"
     if isinstance(num_inference_steps, bool):
         raise TypeError(f"{what}, got a bool")

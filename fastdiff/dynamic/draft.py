@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastdiff.dynamic.loop import run, sample, start
+from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.records import SampleResult
 
 __all__ = ["renoise", "refine_steps", "draft_and_refine", "noise_like"]
@@ -113,7 +113,8 @@ def draft_and_refine(
     if noise is None:
         noise = noise_like(x0, generator)
     x_t, first, _ = renoise(x0, scheduler, num_inference_steps, strength, noise)
-    state = start(
+    # set the refinement up paused before its first step, so that it counts on from the draft, then run it
+    state = sample(
         model_fn,
         x_t,
         scheduler=scheduler,
@@ -122,12 +123,12 @@ def draft_and_refine(
         controller=controller,
         generator=generator,
         step_kwargs=step_kwargs,
-        stop_after=stop_after,
+        stop_after=0,
         callback=callback,
         on_rows_retired=on_rows_retired,
-    )
+    ).state
     state.nfe += draft.nfe
     state.nfe_per_sample = [a + b for a, b in zip(state.nfe_per_sample, draft.nfe_per_sample)]
     state.seconds += draft.seconds
     state.draft = draft
-    return run(state, stop_after)
+    return resume(state, stop_after=stop_after)

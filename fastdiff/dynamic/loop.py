@@ -34,7 +34,7 @@ from fastdiff.dynamic.protocols import Controller, StepChoice, StepPlanner
 from fastdiff.dynamic.records import SampleResult
 from fastdiff.dynamic.tick import RowsHook, SampleState, Track, notify, tick
 
-__all__ = ["SampleState", "sample", "resume", "start", "run"]
+__all__ = ["SampleState", "sample", "resume", "run"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -95,55 +95,6 @@ def sample(
     :class:`fastdiff.samplers.AdaptiveScheduler`) picks its own steps per row: pass
     ``num_inference_steps=None``. A controller may also reschedule a row (:class:`FastForward`).
     """
-    state = start(
-        model_fn,
-        latents,
-        scheduler=scheduler,
-        num_inference_steps=num_inference_steps,
-        controller=controller,
-        callback=callback,
-        generator=generator,
-        step_kwargs=step_kwargs,
-        start_step=start_step,
-        on_rows_retired=on_rows_retired,
-        stop_after=stop_after,
-        on_nonfinite=on_nonfinite,
-    )
-    return run(state, stop_after)
-
-
-def resume(
-    state: SampleState, *, stop_after: int | None = None, model_fn: Callable | None = None
-) -> SampleResult:
-    """Continue a paused run in place. With the same model this equals the uninterrupted run exactly.
-
-    To continue the same preview more than once, resume ``state.copy()``."""
-    if not isinstance(state, SampleState):
-        raise TypeError(f"resume() needs the SampleState of a paused run, got {type(state).__name__}")
-    if state.finished:
-        raise ValueError("this sampling run has already finished; there is nothing to resume")
-    check_stop_after(stop_after)
-    if model_fn is not None:
-        state.model_fn = model_fn
-    return run(state, stop_after)
-
-
-def start(
-    model_fn,
-    latents,
-    *,
-    scheduler,
-    num_inference_steps=None,
-    controller=None,
-    callback=None,
-    generator=None,
-    step_kwargs=None,
-    start_step=0,
-    on_rows_retired=None,
-    stop_after=None,
-    on_nonfinite="raise",
-) -> SampleState:
-    """Build the tracks of a run (and run a planner's probe); :func:`run` then advances it."""
     check_inputs(
         model_fn,
         latents,
@@ -176,7 +127,7 @@ def start(
         controller is not None
         or planner is not None
         or base.self_scheduling  # every row picks its own noise levels
-        or (counts is not None and len(set(counts)) > 1)
+        or len(set(counts)) > 1  # rows with different step counts (no planner here)
     )
     if isinstance(generator, list) and len(generator) != batch:
         raise ValueError(f"got {len(generator)} generators for a batch of {batch}")
@@ -215,16 +166,29 @@ def start(
     if planner is not None:
         _probe(state, planner, make_track, latents)
     elif per_row:
-        state.tracks = [
-            make_track(torch.tensor([r]), None if counts is None else counts[r], latents[r : r + 1])
-            for r in range(batch)
-        ]
+        state.tracks = [make_track(torch.tensor([r]), counts[r], latents[r : r + 1]) for r in range(batch)]
     else:
-        state.tracks = [make_track(torch.arange(batch), None if counts is None else counts[0], latents)]
+        state.tracks = [make_track(torch.arange(batch), counts[0], latents)]
     if controller is not None:
         controller.reset(batch)
     state.seconds += time.perf_counter() - t0
-    return state
+    return run(state, stop_after)
+
+
+def resume(
+    state: SampleState, *, stop_after: int | None = None, model_fn: Callable | None = None
+) -> SampleResult:
+    """Continue a paused run in place. With the same model this equals the uninterrupted run exactly.
+
+    To continue the same preview more than once, resume ``state.copy()``."""
+    if not isinstance(state, SampleState):
+        raise TypeError(f"resume() needs the SampleState of a paused run, got {type(state).__name__}")
+    if state.finished:
+        raise ValueError("this sampling run has already finished; there is nothing to resume")
+    check_stop_after(stop_after)
+    if model_fn is not None:
+        state.model_fn = model_fn
+    return run(state, stop_after)
 
 
 def _probe(state: SampleState, planner: StepPlanner, make_track, latents) -> None:
