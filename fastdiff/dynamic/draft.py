@@ -45,19 +45,15 @@ def refine_steps(num_inference_steps: int, strength: float) -> int:
 def renoise(x0: torch.Tensor, scheduler, num_inference_steps: int, strength: float, noise: torch.Tensor):
     """Noise x0 to where a ``strength`` fraction of an N-step schedule remains.
 
-    Returns (x_t, start_step, refine_steps); like diffusers' img2img, ``refine_steps = int(N * strength)``.
-    ``scheduler`` is copied, not mutated.
+    Returns (x_t, start_step, refine_steps); like diffusers' img2img, ``refine_steps = int(N * strength)``
+    (:func:`refine_steps`, which raises when that leaves no step). ``scheduler`` is copied, not mutated.
     """
-    if not 0.0 < strength <= 1.0:
-        raise ValueError(f"strength must be in (0, 1], got {strength}")
+    n_refine = refine_steps(num_inference_steps, strength)
     if noise.shape != x0.shape:
         raise ValueError(f"noise shape {tuple(noise.shape)} differs from x0 shape {tuple(x0.shape)}")
     sch = copy.deepcopy(scheduler)
     sch.set_timesteps(num_inference_steps, device=x0.device)
-    n_refine = min(int(num_inference_steps * strength), num_inference_steps)
     first = num_inference_steps - n_refine
-    if n_refine == 0:
-        return x0, first, 0
     t = sch.timesteps[first * getattr(sch, "order", 1)]
     x_t = sch.add_noise(x0, noise, torch.as_tensor(t).reshape(1))
     return x_t, first, n_refine
