@@ -231,7 +231,8 @@ def run(state: SampleState, stop_after: int | None) -> SampleResult:
     out = torch.empty_like(state.template)
     num_steps, stopped = [0] * state.batch_size, [False] * state.batch_size
     for tr in state.tracks:
-        value = tr.final if tr.done else tr.x0
+        # a row that ran its whole schedule returns its last state, one stopped early or paused its x0
+        value = tr.x if tr.done and not tr.stopped_early else tr.x0
         if value is None:  # paused before the first step: nothing denoised yet
             value = tr.x
         out[tr.rows] = value.to(out.dtype)

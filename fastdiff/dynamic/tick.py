@@ -41,7 +41,6 @@ class Track:
     pending: torch.Tensor | None = None  # a model output already computed for the next step
     done: bool = False
     stopped_early: bool = False
-    final: torch.Tensor | None = None
 
     @property
     def timesteps(self) -> torch.Tensor:
@@ -177,9 +176,10 @@ def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, t
     else:
         pred = state.model_fn(x_in, t_arg)
     if not isinstance(pred, torch.Tensor):
+        name = getattr(state.model_fn, "__qualname__", None) or type(state.model_fn).__qualname__
         raise TypeError(
             f"model_fn must return a tensor shaped like its input x {tuple(x_in.shape)}, got "
-            f"{type(pred).__name__} from {_model_name(state.model_fn)}; return the prediction itself, e.g. "
+            f"{type(pred).__name__} from model_fn {name!r}; return the prediction itself, e.g. "
             "`lambda x, t: unet(x, t).sample` for a diffusers UNet (its output is a dataclass or a tuple)"
         )
     if pred.shape != x_in.shape:
@@ -192,11 +192,6 @@ def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, t
         for r in tr.rows.tolist():
             state.nfe_per_sample[r] += 1
     return outputs
-
-
-def _model_name(model_fn) -> str:
-    name = getattr(model_fn, "__qualname__", None) or type(model_fn).__qualname__
-    return f"model_fn {name!r}"
 
 
 def _nonfinite(state: SampleState, tr: Track, t, out, x0, record: StepRecord) -> None:
@@ -253,7 +248,7 @@ def step(state: SampleState, inputs, outputs, record: StepRecord) -> torch.Tenso
         if x0_full is not None:
             x0_full[tr.rows] = x0.to(x0_full.dtype)
         if tr.pos >= len(tr.timesteps):
-            tr.done, tr.final = True, tr.x
+            tr.done = True
     return x0_full
 
 
@@ -275,7 +270,7 @@ def retire(state: SampleState, live: list[int], record: StepRecord) -> None:
                 f"got {decision!r}"
             )
         if decision.action == "stop":
-            tr.done, tr.stopped_early, tr.final = True, True, tr.x0
+            tr.done = tr.stopped_early = True  # the row keeps its x0 prediction
             record.stopped.append(r)
         elif decision.action == "jump":
             tr.adapter.reschedule(decision.sigmas)
