@@ -20,6 +20,7 @@ schedule starts at the same timestep the first evaluation is reused (with a one-
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Sequence
 
@@ -39,7 +40,6 @@ __all__ = [
 
 SIMPLE_WORDS = ("sketch", "flat", "minimalist", "plain", "simple")
 DETAILED_WORDS = ("detailed", "intricate", "4k", "textured", "striped", "checkered", "noisy")
-TIERS = ("simple", "neutral", "detailed")
 # what a table's bins are keyed on; "tier": one bin per tier, x0 unused
 SIGNALS = ("hf_energy", "x0_contrast", "tier")
 
@@ -88,12 +88,6 @@ def x0_contrast(x0: torch.Tensor) -> torch.Tensor:
     if x0.ndim != 4:
         raise ValueError(f"x0_contrast expects (B, C, H, W), got shape {tuple(x0.shape)}")
     return x0.double().flatten(2).std(dim=-1).mean(dim=1).float()
-
-
-def _signal(name: str, x0: torch.Tensor) -> torch.Tensor:
-    if name == "x0_contrast":
-        return x0_contrast(x0)
-    return high_frequency_energy(x0)  # also reported (not used) by a "tier" table
 
 
 def _default_table() -> dict:
@@ -151,13 +145,10 @@ class AutoSteps(StepPlanner):
         return self.min_steps
 
     def with_prompts(self, prompts) -> AutoSteps:
-        return AutoSteps(
-            prompts,
-            min_steps=self.min_steps,
-            max_steps=self.max_steps,
-            probe_steps=self.probe_steps,
-            table=self.table,
-        )
+        """The same planner for other prompts."""
+        planner = copy.copy(self)
+        planner.prompts = prompts
+        return planner
 
     def _prompt_for(self, row: int, batch: int):
         p = self.prompts
@@ -183,7 +174,9 @@ class AutoSteps(StepPlanner):
     def choose(self, x0_probe: torch.Tensor) -> list[StepChoice]:
         """Pick a step count for every row of a probe's x0 prediction."""
         batch = x0_probe.shape[0]
-        energy = self.sign * _signal(self.signal, x0_probe)
+        # a "tier" table does not read the probe; its choices still report the high-frequency energy
+        measure = x0_contrast if self.signal == "x0_contrast" else high_frequency_energy
+        energy = self.sign * measure(x0_probe)
         choices = []
         for r in range(batch):
             tier, words = prompt_tier(self._prompt_for(r, batch))
