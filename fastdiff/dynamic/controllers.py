@@ -42,10 +42,9 @@ class EarlyStop(Controller):
             isinstance(rtol, (int, float)) and not isinstance(rtol, bool) and rtol > 0 and math.isfinite(rtol)
         ):
             raise ValueError(f"EarlyStop rtol must be a positive finite number, got {rtol!r}")
-        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
-            raise ValueError(f"EarlyStop patience must be an int >= 1, got {patience!r}")
-        if not isinstance(min_steps, int) or isinstance(min_steps, bool) or min_steps < 1:
-            raise ValueError(f"EarlyStop min_steps must be an int >= 1, got {min_steps!r}")
+        for name, v in (("patience", patience), ("min_steps", min_steps)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"EarlyStop {name} must be an int >= 1, got {v!r}")
         if max_sigma is not None and not (isinstance(max_sigma, (int, float)) and max_sigma > 0):
             raise ValueError(f"EarlyStop max_sigma must be a positive number or None, got {max_sigma!r}")
         self.rtol = float(rtol)
