@@ -171,10 +171,8 @@ def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, t
         t_arg = ts[0]
     else:
         t_arg = torch.cat([t.reshape(1).expand(len(tr.rows)) for t, tr in zip(ts, tracks)])
-    if _takes_rows(state.model_fn):
-        pred = state.model_fn(x_in, t_arg, rows=rows)
-    else:
-        pred = state.model_fn(x_in, t_arg)
+    kwargs = {"rows": rows} if _takes_rows(state.model_fn) else {}  # rows= only for a model that takes it
+    pred = state.model_fn(x_in, t_arg, **kwargs)
     if not isinstance(pred, torch.Tensor):
         name = getattr(state.model_fn, "__qualname__", None) or type(state.model_fn).__qualname__
         raise TypeError(
@@ -185,12 +183,9 @@ def evaluate(state: SampleState, inputs: dict[int, torch.Tensor]) -> dict[int, t
     if pred.shape != x_in.shape:
         raise ValueError(f"model_fn returned shape {tuple(pred.shape)} for input {tuple(x_in.shape)}")
     state.nfe += 1
-    offset = 0
-    for i, tr in zip(need, tracks):
-        outputs[i] = pred[offset : offset + len(tr.rows)]
-        offset += len(tr.rows)
-        for r in tr.rows.tolist():
-            state.nfe_per_sample[r] += 1
+    outputs.update(zip(need, pred.split([len(tr.rows) for tr in tracks])))
+    for r in rows.tolist():
+        state.nfe_per_sample[r] += 1
     return outputs
 
 
