@@ -1,4 +1,5 @@
-"""Argument checks of :func:`fastdiff.sample` / :func:`fastdiff.dynamic.resume`: every one before any model call.
+"""Argument checks that :func:`fastdiff.dynamic.sample` shares with :func:`~fastdiff.dynamic.resume` and the
+drop-in pipelines (sample's own checks open its body); every one runs before any model call.
 
 Each message names the argument, the value received and what is valid (issue #16).
 """
@@ -7,14 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+from fastdiff.dynamic.adapters import Reschedulable
 
-from fastdiff.dynamic.adapters import Reschedulable, check_scheduler
-from fastdiff.dynamic.protocols import Controller
-
-__all__ = ["NONFINITE", "check_can_jump", "check_inputs", "check_stop_after", "steps_per_row"]
-
-NONFINITE = ("raise", "warn")
+__all__ = ["check_can_jump", "check_stop_after", "steps_per_row"]
 
 
 def check_stop_after(stop_after) -> None:
@@ -34,45 +30,6 @@ def check_can_jump(controller, scheduler) -> None:
             f"{type(controller).__name__} replaces rows' remaining schedules, which {type(scheduler).__name__} "
             "cannot do (fastdiff.dynamic.adapters.Reschedulable); use a fastdiff.samplers.make_scheduler(...) "
             "scheduler"
-        )
-
-
-def check_inputs(
-    model_fn,
-    latents,
-    scheduler,
-    controller,
-    start_step,
-    stop_after,
-    on_rows_retired,
-    callback=None,
-    on_nonfinite="raise",
-    generator=None,
-):
-    if not isinstance(on_nonfinite, str) or on_nonfinite not in NONFINITE:
-        raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}")
-    if not callable(model_fn):
-        raise TypeError(f"model_fn must be callable as model_fn(x, t), got {type(model_fn).__name__}")
-    if not isinstance(latents, torch.Tensor) or latents.ndim < 2:
-        raise TypeError("latents must be a torch.Tensor with a batch dimension first, e.g. (B, C, H, W)")
-    if not torch.isfinite(latents).all():
-        raise ValueError("latents contain NaN or inf; sampling would return NaN images")
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable(record, x0) or None, got {callback!r}")
-    check_scheduler(scheduler)
-    if controller is not None and not isinstance(controller, Controller):
-        raise TypeError(
-            f"controller must implement fastdiff.dynamic.Controller (reset, should_stop, decide), got {controller!r}"
-        )
-    if on_rows_retired is not None and not callable(on_rows_retired):
-        raise TypeError(f"on_rows_retired must be callable(remaining_rows) or None, got {on_rows_retired!r}")
-    if start_step < 0:
-        raise ValueError(f"start_step must be >= 0, got {start_step}")
-    check_stop_after(stop_after)
-    gens = generator if isinstance(generator, list) else [generator]
-    if not all(g is None or isinstance(g, torch.Generator) for g in gens):
-        raise TypeError(
-            f"generator must be a torch.Generator, a list of them (one per row) or None, got {generator!r}"
         )
 
 

@@ -28,13 +28,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fastdiff.dynamic.adapters import SchedulerAdapter, check_step_kwargs
-from fastdiff.dynamic.checks import check_can_jump, check_inputs, check_stop_after, steps_per_row
+from fastdiff.dynamic.adapters import SchedulerAdapter, check_scheduler, check_step_kwargs
+from fastdiff.dynamic.checks import check_can_jump, check_stop_after, steps_per_row
 from fastdiff.dynamic.protocols import Controller, StepChoice, StepPlanner
 from fastdiff.dynamic.records import SampleResult
 from fastdiff.dynamic.tick import RowsHook, SampleState, Track, notify, tick
 
 __all__ = ["SampleState", "sample", "resume", "run"]
+
+NONFINITE = ("raise", "warn")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -95,18 +97,32 @@ def sample(
     :class:`fastdiff.samplers.AdaptiveScheduler`) picks its own steps per row: pass
     ``num_inference_steps=None``. A controller may also reschedule a row (:class:`FastForward`).
     """
-    check_inputs(
-        model_fn,
-        latents,
-        scheduler,
-        controller,
-        start_step,
-        stop_after,
-        on_rows_retired,
-        callback,
-        on_nonfinite,
-        generator,
-    )
+    # every argument is checked before the first model call; each message names what is valid (#16)
+    if not isinstance(on_nonfinite, str) or on_nonfinite not in NONFINITE:
+        raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}")
+    if not callable(model_fn):
+        raise TypeError(f"model_fn must be callable as model_fn(x, t), got {type(model_fn).__name__}")
+    if not isinstance(latents, torch.Tensor) or latents.ndim < 2:
+        raise TypeError("latents must be a torch.Tensor with a batch dimension first, e.g. (B, C, H, W)")
+    if not torch.isfinite(latents).all():
+        raise ValueError("latents contain NaN or inf; sampling would return NaN images")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable(record, x0) or None, got {callback!r}")
+    check_scheduler(scheduler)
+    if controller is not None and not isinstance(controller, Controller):
+        raise TypeError(
+            f"controller must implement fastdiff.dynamic.Controller (reset, should_stop, decide), got {controller!r}"
+        )
+    if on_rows_retired is not None and not callable(on_rows_retired):
+        raise TypeError(f"on_rows_retired must be callable(remaining_rows) or None, got {on_rows_retired!r}")
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
+    check_stop_after(stop_after)
+    gens = generator if isinstance(generator, list) else [generator]
+    if not all(g is None or isinstance(g, torch.Generator) for g in gens):
+        raise TypeError(
+            f"generator must be a torch.Generator, a list of them (one per row) or None, got {generator!r}"
+        )
     batch = latents.shape[0]
     base = scheduler if isinstance(scheduler, SchedulerAdapter) else SchedulerAdapter(scheduler)
     check_step_kwargs(base.scheduler, {} if step_kwargs is None else step_kwargs)
