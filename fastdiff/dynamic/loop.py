@@ -213,8 +213,8 @@ def _probe(state: SampleState, planner: StepPlanner, make_track, latents) -> Non
     n_probe = planner.probe_schedule
     state.tracks = [make_track(torch.tensor([r]), n_probe, latents[r : r + 1]) for r in range(batch)]
     first_outputs = None
-    for k in range(min(planner.probe_steps, min(tr.remaining for tr in state.tracks))):
-        used = tick(state, use_controller=False, report_retired=False)
+    for k in range(min(planner.probe_steps, min(len(tr.timesteps) - tr.pos for tr in state.tracks))):
+        used = tick(state, probe=True)
         if k == 0:
             first_outputs = used
     choices = planner.choose(torch.cat([tr.x0 for tr in state.tracks]))

@@ -46,10 +46,6 @@ class Track:
     def timesteps(self) -> torch.Tensor:
         return self.adapter.timesteps
 
-    @property
-    def remaining(self) -> int:
-        return len(self.timesteps) - self.pos
-
 
 @dataclass
 class SampleState:
@@ -121,10 +117,10 @@ def _takes_rows(model_fn) -> bool:
 # ----------------------------------------------------------------------------------------------------------
 # one tick: evaluate, step, retire
 # ----------------------------------------------------------------------------------------------------------
-def tick(
-    state: SampleState, use_controller: bool = True, report_retired: bool = True
-) -> dict[int, torch.Tensor]:
-    """Advance every live track by one step; returns the model output each track used."""
+def tick(state: SampleState, probe: bool = False) -> dict[int, torch.Tensor]:
+    """Advance every live track by one step; returns the model output each track used.
+
+    During a planner's probe the controller is not asked and ``on_rows_retired`` is not called."""
     tick_start = time.perf_counter()
     live = [i for i, tr in enumerate(state.tracks) if not tr.done]
     nan, batch = float("nan"), state.batch_size
@@ -141,14 +137,14 @@ def tick(
     inputs = {i: state.tracks[i].adapter.model_input(state.tracks[i].x, _t(state.tracks[i])) for i in live}
     outputs = evaluate(state, inputs)
     x0_full = step(state, inputs, outputs, record)
-    if use_controller and state.controller is not None:
+    if not probe and state.controller is not None:
         retire(state, live, record)
     record.nfe = state.nfe
     record.seconds = time.perf_counter() - tick_start
     state.trace.append(record)
     if state.callback is not None:
         state.callback(record, x0_full)
-    if report_retired:
+    if not probe:
         notify(state)
     return outputs
 
