@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import DDIMScheduler, EulerDiscreteScheduler, LCMScheduler
+from diffusers import DDIMScheduler, EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, LCMScheduler
 from dynamic_helpers import SD_BETAS, GaussianRows, assert_rows_match_alone, dpm, gaussian_case, tiny_unet
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -116,6 +116,27 @@ def test_state_copy_is_an_independent_snapshot():
     full = resume(snapshot)
     ref = sample(GaussianRows(mu, s, sch), x, scheduler=sch, num_inference_steps=10)
     assert (full.latents - ref.latents).abs().max() <= 1e-5 * ref.latents.abs().max()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-generator", "generator-per-row"])
+def test_a_copied_stochastic_run_resumes_exactly(shared):
+    """regression: copy() cloned a generator that per-row tracks share once per track, so after a pause
+    each row drew its noise from its own copy of the stream and a refined preview differed from the
+    uninterrupted run (ancestral sampling draws noise at every step)."""
+    sch = EulerAncestralDiscreteScheduler(**SD_BETAS)
+    mu, s, x = gaussian_case()
+
+    def gen():
+        if shared:
+            return torch.Generator().manual_seed(3)
+        return [torch.Generator().manual_seed(3 + i) for i in range(x.shape[0])]
+
+    kw = dict(scheduler=sch, num_inference_steps=10, controller=EarlyStop(rtol=1e-9))
+    full = sample(GaussianRows(mu, s, sch), x, generator=gen(), **kw)
+    part = sample(GaussianRows(mu, s, sch), x, generator=gen(), stop_after=4, **kw)
+    copied = resume(part.state.copy())
+    assert torch.equal(copied.latents, full.latents)
+    assert torch.equal(resume(part.state).latents, full.latents)  # the original, after its copy ran
 
 
 def test_auto_steps_when_every_row_finishes_during_the_probe():

@@ -77,9 +77,10 @@ class SampleState:
 
     def copy(self) -> SampleState:
         """An independent snapshot: scheduler copies, controller and generator states are duplicated."""
+        clones: dict = {}  # one clone per generator: tracks that share one must share its clone
         return replace(
             self,
-            tracks=[_copy_track(tr) for tr in self.tracks],
+            tracks=[_copy_track(tr, clones) for tr in self.tracks],
             controller=copy.deepcopy(self.controller),
             nfe_per_sample=list(self.nfe_per_sample),
             steps_run=list(self.steps_run),
@@ -89,21 +90,23 @@ class SampleState:
         )
 
 
-def _copy_track(tr: Track) -> Track:
+def _copy_track(tr: Track, clones: dict) -> Track:
     # one deepcopy memo for scheduler and state: a scheduler that keeps a reference to the state it returned
     # (FastScheduler's full-precision shadow of an fp16 state) still recognises it in the copy
     scheduler, x = copy.deepcopy((tr.adapter.scheduler, tr.x))
     adapter = type(tr.adapter)(scheduler, tr.adapter.step_kwargs)
-    return replace(tr, adapter=adapter, x=x, generator=_clone(tr.generator))
+    return replace(tr, adapter=adapter, x=x, generator=_clone(tr.generator, clones))
 
 
-def _clone(generator):
+def _clone(generator, clones: dict):
     if isinstance(generator, list):
-        return [_clone(g) for g in generator]
+        return [_clone(g, clones) for g in generator]
     if isinstance(generator, torch.Generator):
-        g = torch.Generator(generator.device)
-        g.set_state(generator.get_state())
-        return g
+        if id(generator) not in clones:
+            g = torch.Generator(generator.device)
+            g.set_state(generator.get_state())
+            clones[id(generator)] = g
+        return clones[id(generator)]
     return generator
 
 
