@@ -35,9 +35,9 @@ from fastdiff.dynamic.adapters import predicted_x0
 
 from .core import FINAL_STEPS
 from .dpm_solver import dpmpp_update
-from .noise_schedule import NoiseSchedule, training_betas
+from .noise_schedule import NoiseSchedule
 from .options import PREDICTION_TYPES
-from .scheduler import FastSchedulerOutput, inherited_config
+from .scheduler import FullPrecisionState, inherited_config
 
 __all__ = ["AdaptiveScheduler"]
 
@@ -50,7 +50,7 @@ def _positive(name: str, value, allow_zero: bool = False) -> float:
     return float(value)
 
 
-class AdaptiveScheduler:
+class AdaptiveScheduler(FullPrecisionState):
     """DPM-Solver++(2M) with error-controlled step size; see the module docstring.
 
     Args:
@@ -108,8 +108,7 @@ class AdaptiveScheduler:
             raise ValueError(
                 f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}"
             )
-        beta_keys = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas")
-        self.noise_schedule = NoiseSchedule(training_betas(**{k: keys[k] for k in beta_keys if k in keys}))
+        self.noise_schedule = NoiseSchedule.from_config(keys)
         self.alphas_cumprod = torch.from_numpy(self.noise_schedule.alphas_cumprod).float()
         ns = self.noise_schedule
         self.sigma_end = ns.sigma_min if sigma_end is None else _positive("sigma_end", sigma_end)
@@ -182,13 +181,10 @@ class AdaptiveScheduler:
         i = self._step_index
         if i >= len(self._sig) or self._sig[i] == 0.0:
             raise IndexError("this adaptive run has finished; call set_timesteps() to start another")
-        cdtype = torch.float64 if sample.dtype == torch.float64 else torch.float32
-        x_vp = sample.to(cdtype)
-        if self._shadow is not None and self._shadow[0] is sample:
-            x_vp = self._shadow[1]
+        x_vp = self._full_precision(sample)
         sigma = self._sig[i]
         alpha = 1.0 / math.sqrt(1.0 + sigma * sigma)
-        d1 = predicted_x0(model_output.to(cdtype), x_vp, alpha, sigma * alpha, self.prediction_type)
+        d1 = predicted_x0(model_output.to(x_vp.dtype), x_vp, alpha, sigma * alpha, self.prediction_type)
         x = x_vp / alpha  # VE state
         if i + 1 >= self.max_steps:
             raise RuntimeError(
@@ -232,14 +228,7 @@ class AdaptiveScheduler:
         if accepted:
             self._sig.append(s_next)
         self.errors.append(err)
-        x_next = x_next / math.sqrt(1.0 + s_next * s_next)
-        prev = x_next.to(sample.dtype)
-        self._shadow = (prev, x_next) if prev.dtype != cdtype else None
-        self._step_index = i + 1
-        d_out = d1.to(sample.dtype)
-        if not return_dict:
-            return prev, d_out
-        return FastSchedulerOutput(prev_sample=prev, pred_original_sample=d_out, denoised=d_out)
+        return self._step_output(x_next / math.sqrt(1.0 + s_next * s_next), d1, sample, return_dict)
 
     def _next_level(self, sigma: float, h: float, stretch: bool = True) -> float:
         h_left = math.log(sigma) - math.log(self.sigma_end)

@@ -24,6 +24,7 @@ eta=0.5)``), not a ``step`` argument, because pipelines always pass their own ``
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,7 +54,30 @@ class FastSchedulerOutput(BaseOutput):
     denoised: torch.Tensor | None = None
 
 
-class FastScheduler(SchedulerMixin, ConfigMixin):
+class FullPrecisionState:
+    """Mixin of FastScheduler and AdaptiveScheduler: the update maths runs in float32 (float64 for float64
+    input) and a full-precision copy of the state is kept between steps, so fp16 models lose no solver
+    accuracy.  Expects ``_shadow`` (None at the start of a run) and ``_step_index``."""
+
+    def _full_precision(self, sample: torch.Tensor) -> torch.Tensor:
+        if self._shadow is not None and self._shadow[0] is sample:
+            return self._shadow[1]  # the full-precision state behind the low-precision tensor we returned
+        return sample.to(torch.float64 if sample.dtype == torch.float64 else torch.float32)
+
+    def _step_output(
+        self, x_next: torch.Tensor, denoised: torch.Tensor, sample: torch.Tensor, return_dict: bool
+    ):
+        """Return ``x_next`` and ``denoised`` in the dtype of ``sample``, remember ``x_next``, count the step."""
+        prev = x_next.to(sample.dtype)
+        self._shadow = (prev, x_next) if prev.dtype != x_next.dtype else None
+        self._step_index += 1
+        denoised = denoised.to(sample.dtype)
+        if not return_dict:
+            return (prev, denoised)
+        return FastSchedulerOutput(prev_sample=prev, pred_original_sample=denoised, denoised=denoised)
+
+
+class FastScheduler(FullPrecisionState, SchedulerMixin, ConfigMixin):
     """One diffusers-compatible scheduler for every fastdiff sampler (see :func:`make_scheduler`)."""
 
     _compatibles = [e.name for e in KarrasDiffusionSchedulers] + ["LCMScheduler"]
@@ -232,20 +256,21 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
         return sample
 
     # --- dynamic step control (fastdiff.dynamic.adapters.Reschedulable) ----------------------
+    def _position(self, before: str) -> int:
+        """Index of the next step to take (the begin index before the first step)."""
+        if self._solver is None:
+            raise ValueError(f"call set_timesteps() before {before}")
+        return self.step_index if self.step_index is not None else (self.begin_index or 0)
+
     def sigmas_ahead(self) -> list[float]:
         """VE noise levels still ahead: the next step's input level first, ending at 0."""
-        if self._solver is None:
-            raise ValueError("call set_timesteps() before asking for the remaining schedule")
-        i = self.step_index if self.step_index is not None else (self.begin_index or 0)
-        return self._sig64[i:]
+        return self._sig64[self._position("asking for the remaining schedule") :]
 
     def reschedule(self, sigmas) -> None:
         """Replace the levels after the current one by ``sigmas`` (strictly decreasing, ending at 0) and
         keep the state and the solver history: a multistep update reads the levels of its history, so the
         next step is the same method on an uneven grid (DPM-Solver++ and UniPC allow any spacing)."""
-        if self._solver is None:
-            raise ValueError("call set_timesteps() before reschedule()")
-        i = self.step_index if self.step_index is not None else (self.begin_index or 0)
+        i = self._position("reschedule()")
         tail = [float(v) for v in sigmas]
         cur = self._sig64[i]
         if not tail or tail[-1] != 0.0 or any(b >= a for a, b in zip([cur, *tail], tail)):
@@ -274,7 +299,8 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
         return_dict: bool = True,
     ) -> FastSchedulerOutput | tuple:
         """Advance one step.  Update maths runs in float32 (float64 for float64 input) and a
-        float32 copy of the state is kept between steps, so fp16 models lose no solver accuracy."""
+        float32 copy of the state is kept between steps, so fp16 models lose no solver accuracy
+        (:class:`FullPrecisionState`)."""
         if self._solver is None:
             raise ValueError("call set_timesteps() before step()")
         if self.step_index is None:
@@ -284,28 +310,19 @@ class FastScheduler(SchedulerMixin, ConfigMixin):
             raise IndexError(
                 f"all {self.num_inference_steps} steps were already taken; call set_timesteps() again"
             )
-        cdtype = torch.float64 if sample.dtype == torch.float64 else torch.float32
-        x = sample.to(cdtype)
-        if self._shadow is not None and self._shadow[0] is sample:
-            x = self._shadow[1]  # the full-precision state behind the low-precision tensor we returned
+        x = self._full_precision(sample)
         sigma, sigma_next = self._sig64[i], self._sig64[i + 1]
         alpha = 1.0 / math.sqrt(1.0 + sigma**2)
-        x0 = predicted_x0(model_output.to(cdtype), x, alpha, sigma * alpha, self.config.prediction_type)
+        x0 = predicted_x0(model_output.to(x.dtype), x, alpha, sigma * alpha, self.config.prediction_type)
 
         def noise_fn():
             return randn_tensor(
-                model_output.shape, generator=generator, device=model_output.device, dtype=cdtype
+                model_output.shape, generator=generator, device=model_output.device, dtype=x.dtype
             )
 
         x_next_ve, denoised = self._solver.step(i, x / alpha, x0, noise_fn, timestep=self._ts64[i])
         x_next = x_next_ve / math.sqrt(1.0 + sigma_next**2)
-        prev = x_next.to(sample.dtype)
-        self._shadow = (prev, x_next) if prev.dtype != cdtype else None
-        self._step_index = i + 1
-        denoised = denoised.to(sample.dtype)
-        if not return_dict:
-            return (prev, denoised)
-        return FastSchedulerOutput(prev_sample=prev, pred_original_sample=denoised, denoised=denoised)
+        return self._step_output(x_next, denoised, sample, return_dict)
 
     # --- noise / conversions ------------------------------------------------------------------
     def sigma_of_timestep(self, timestep) -> torch.Tensor:
@@ -393,21 +410,8 @@ def inherited_config(like) -> dict:
     return keys
 
 
-OPTIONS = (
-    "schedule",
-    "schedule_kind",
-    "fractional_timesteps",
-    "solver_order",
-    "lower_order_final",
-    "use_corrector",
-    "eta",
-    "final_step",
-    "rho",
-    "original_inference_steps",
-    "timestep_scaling",
-    "solver_type",
-    *INHERITED_KEYS,
-)
+# make_scheduler's options: every FastScheduler argument but the sampler name (one list to keep in step)
+OPTIONS = tuple(inspect.signature(FastScheduler.__init__).parameters)[2:]
 
 
 def make_scheduler(name: str, like=None, **options) -> FastScheduler:
@@ -433,8 +437,6 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
             final_step ("denoised"/"variance"),
             rho (Karras), original_inference_steps / timestep_scaling (LCM), and any inherited key.
     """
-    if name not in SAMPLERS:
-        raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(SAMPLERS)}")
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for make_scheduler; valid: {', '.join(OPTIONS)}")
