@@ -29,10 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-
-def _lam(sigma: float) -> float:
-    return -math.log(sigma)
-
+from .dpm_solver import _lam
 
 SOLVER_TYPES = ("bh2", "bh1")
 
