@@ -124,11 +124,6 @@ class SolverState:
                 order = min(order, 2)
         return max(order, 1)
 
-    def _push(self, denoised: torch.Tensor, sigma: float) -> None:
-        self.denoised_hist.insert(0, denoised)
-        self.sigma_hist.insert(0, sigma)
-        del self.denoised_hist[3:], self.sigma_hist[3:]
-
     def step(
         self,
         i: int,
@@ -160,7 +155,9 @@ class SolverState:
             )
         if name == "lcm":
             denoised = lcm_denoised(x, denoised, sigma, float(timestep), self.timestep_scaling)
-        self._push(denoised, sigma)
+        self.denoised_hist.insert(0, denoised)  # newest first; third-order rules read three
+        self.sigma_hist.insert(0, sigma)
+        del self.denoised_hist[3:], self.sigma_hist[3:]
 
         if sigma_next == 0.0:
             if self.final_step == "variance" and name != "lcm":

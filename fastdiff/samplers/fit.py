@@ -46,10 +46,10 @@ def run_scheduler(
     from fastdiff.dynamic.adapters import InPlaceAdapter
     from fastdiff.dynamic.loop import sample
 
-    if num_inference_steps is not None or scheduler.num_inference_steps is None:
-        scheduler.set_timesteps(num_inference_steps)
-    else:
-        scheduler.set_timesteps(scheduler.num_inference_steps)
+    # default: the scheduler's own step count (None for the first run: its configured schedule decides)
+    scheduler.set_timesteps(
+        num_inference_steps if num_inference_steps is not None else scheduler.num_inference_steps
+    )
     adapter = InPlaceAdapter(scheduler)
     hook = None
     if callback is not None:

@@ -55,13 +55,6 @@ SIGMA_SCHEDULES = ("karras", "exponential")
 NAMED_SCHEDULES = (*SPACINGS, *SIGMA_SCHEDULES, "lcm", "auto")
 
 
-def resolve_auto(schedule, n: int, trailing_up_to: int = 10):
-    """The concrete schedule ``"auto"`` means for ``n`` steps; other schedules unchanged."""
-    if schedule != "auto":
-        return schedule
-    return "trailing" if n <= trailing_up_to else "karras"
-
-
 def spaced_timesteps(kind: str, n: int, num_train_timesteps: int, steps_offset: int = 0) -> np.ndarray:
     """Integer timesteps of a uniform spacing (see module docstring), float64, decreasing."""
     T = num_train_timesteps
@@ -156,7 +149,8 @@ def build_schedule(
             raise ValueError(f"num_inference_steps must be an int for schedule {schedule!r}, got {n!r}")
         if n < 1 or n > T:
             raise ValueError(f"num_inference_steps must be in [1, {T}] (num_train_timesteps), got {n}")
-        schedule = resolve_auto(schedule, n, trailing_up_to)
+        if schedule == "auto":  # the concrete schedule "auto" means for n steps
+            schedule = "trailing" if n <= trailing_up_to else "karras"
         if schedule in SPACINGS:
             ts = spaced_timesteps(schedule, n, T, steps_offset)
             if len(np.unique(ts)) != n:
