@@ -81,22 +81,15 @@ def conv3x3(
     """3x3, stride-1, padding-1 convolution (groups 1, dilation 1) with the chosen backend."""
     dispatch.check_backend(backend, BACKENDS)
     check_conv3x3_inputs(x, weight, bias)
-    if backend == dispatch.NATIVE or not dispatch.inference_only(x, weight, bias):
-        return F.conv2d(x, weight, bias, padding=1)
     get_u = (lambda: u) if u is not None else (lambda: transform_weight(weight, x.dtype))
     run = {
         dispatch.NATIVE: lambda: F.conv2d(x, weight, bias, padding=1),
         "winograd_triton": lambda: winograd_conv2d_triton(x, get_u(), bias),
         "winograd_torch": lambda: winograd_conv2d_torch(x, get_u(), bias),
     }
-    if backend == "auto":
-        names = [dispatch.NATIVE, *conv3x3_candidates(x.device)]
-        backend = dispatch.select(
-            conv3x3_plan_key(x, weight.shape[0], bias is not None),
-            {n: run[n] for n in names},
-            x.device,
-            plan_cache_dir=plan_cache_dir,
-            plans=plans,
-            tolerance=dispatch.VERIFY_TOLERANCE[x.dtype],
-        )
-    return run[backend]()
+    choice = dispatch.select(
+        backend, run, x, (weight, bias),
+        key=lambda: conv3x3_plan_key(x, weight.shape[0], bias is not None), alternatives=conv3x3_candidates,
+        plan_cache_dir=plan_cache_dir, plans=plans,
+    )  # fmt: skip
+    return run[choice]()

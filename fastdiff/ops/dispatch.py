@@ -122,10 +122,6 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")[:120]
 
 
-def default_cache_dir() -> Path:
-    return _cache_dir("plans")
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------------------
@@ -164,7 +160,7 @@ class PlanCache:
     """Decisions for one device and library-version combination, persisted as one JSON file."""
 
     def __init__(self, cache_dir: str | os.PathLike | None, device: torch.device):
-        self.dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.dir = Path(cache_dir) if cache_dir else _cache_dir("plans")
         self.path = self.dir / f"{_slug(device_tag(device))}--{_slug(_versions())}.json"
         self._lock = threading.Lock()
         self.entries: dict[str, dict] = self._read()
@@ -209,7 +205,7 @@ _CACHES: dict[tuple[str, str], PlanCache] = {}
 
 def get_plan_cache(cache_dir, device) -> PlanCache:
     device = torch.device(device)
-    key = (str(Path(cache_dir).resolve()) if cache_dir else str(default_cache_dir()), device_tag(device))
+    key = (str(Path(cache_dir).resolve()) if cache_dir else str(_cache_dir("plans")), device_tag(device))
     cache = _CACHES.get(key)
     if cache is None:
         cache = _CACHES[key] = PlanCache(cache_dir, device)
@@ -311,19 +307,26 @@ def choose(
     return best, {**record, "source": "measured"}
 
 
-def select(
-    key: str,
-    candidates: dict[str, Callable[[], object]],
-    device: torch.device,
-    *,
-    plan_cache_dir=None,
-    plans: dict | None = None,
-    tolerance: float | None = None,
-) -> str:
-    """The implementation to run for ``key``: the module's memo ``plans`` first, then :func:`choose`."""
+def select(backend, run, x, params, *, key, alternatives, plan_cache_dir=None, plans=None) -> str:
+    """Which of ``run``'s implementations (name -> zero-argument call) an op call runs: the one rule for every op.
+
+    Native whenever the call is not inference-only (:func:`inference_only` over ``x`` and ``params``); else a
+    forced ``backend`` as asked; else (``"auto"``) the measured winner (:func:`choose`, with the real-shape
+    check against native) among native and ``alternatives(device)``, the implementations worth timing on
+    ``x``'s device, or native, unmeasured and unrecorded, when there are none. ``key()`` builds the plan key;
+    ``plans`` is the calling module's memo of decisions, consulted before the plan cache.
+    """
+    if backend == NATIVE or not inference_only(x, *params):
+        return NATIVE
+    if backend != "auto":
+        return backend
+    candidates = {n: run[n] for n in (NATIVE, *alternatives(x.device))}
+    if len(candidates) == 1:
+        return NATIVE
+    key = key()
     if plans is not None and key in plans:
         return plans[key]["choice"]
-    choice, record = choose(key, candidates, device, plan_cache_dir, tolerance=tolerance)
+    choice, record = choose(key, candidates, x.device, plan_cache_dir, tolerance=VERIFY_TOLERANCE[x.dtype])
     if plans is not None:
         plans[key] = record
     return choice

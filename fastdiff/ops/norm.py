@@ -43,18 +43,9 @@ def _check(x, num_groups, weight, bias):
         raise TypeError(f"x dtype must be one of float32/float16/bfloat16, got {x.dtype}")
 
 
-def _pick(backend, key, run, x, params, plan_cache_dir, plans):
-    """Forced backend, or the measured per-shape winner; native whenever the call is not inference-only."""
-    if backend == dispatch.NATIVE or not dispatch.inference_only(x, *params):
-        return dispatch.NATIVE
-    if backend != "auto":
-        return backend
-    if not triton_native(x.device):
-        return dispatch.NATIVE
-    return dispatch.select(
-        key, run, x.device, plan_cache_dir=plan_cache_dir, plans=plans,
-        tolerance=dispatch.VERIFY_TOLERANCE[x.dtype],
-    )  # fmt: skip
+def _triton_where_compiled(run):
+    """The alternatives "auto" times: every Triton implementation where Triton runs compiled (CUDA), else none."""
+    return lambda device: [n for n in run if n != dispatch.NATIVE] if triton_native(device) else []
 
 
 def group_norm_silu(
@@ -67,8 +58,12 @@ def group_norm_silu(
         dispatch.NATIVE: lambda: group_norm_silu_reference(x, num_groups, weight, bias, eps),
         "gn_triton": lambda: group_norm_silu_triton(x, num_groups, weight, bias, eps),
     }
-    key = dispatch.plan_key("gn_silu", x, g=num_groups)
-    return run[_pick(backend, key, run, x, (weight, bias), plan_cache_dir, plans)]()
+    choice = dispatch.select(
+        backend, run, x, (weight, bias),
+        key=lambda: dispatch.plan_key("gn_silu", x, g=num_groups), alternatives=_triton_where_compiled(run),
+        plan_cache_dir=plan_cache_dir, plans=plans,
+    )  # fmt: skip
+    return run[choice]()
 
 
 def _gn_triton_chain(x, num_groups, gn_weight, gn_bias, eps, es, et):
@@ -116,13 +111,11 @@ def group_norm_silu_conv3x3(
             x, num_groups, gn_weight, gn_bias, eps, get_u(), conv_bias, extra_scale=es, extra_shift=et
         ),
     }
-    key = dispatch.plan_key(
-        "gn_silu_conv3x3",
-        x,
-        g=num_groups,
-        k=conv_weight.shape[0],
-        bias=conv_bias is not None,
-        ss=es is not None,
-    )
-    params = (gn_weight, gn_bias, conv_weight, conv_bias, es, et)
-    return run[_pick(backend, key, run, x, params, plan_cache_dir, plans)]()
+    choice = dispatch.select(
+        backend, run, x, (gn_weight, gn_bias, conv_weight, conv_bias, es, et),
+        key=lambda: dispatch.plan_key(
+            "gn_silu_conv3x3", x, g=num_groups, k=conv_weight.shape[0], bias=conv_bias is not None, ss=es is not None
+        ),
+        alternatives=_triton_where_compiled(run), plan_cache_dir=plan_cache_dir, plans=plans,
+    )  # fmt: skip
+    return run[choice]()
