@@ -13,15 +13,14 @@ from __future__ import annotations
 import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
-from fastdiff.ops.attention import BACKENDS, attention
+from fastdiff.ops.attention import attention, check_backend_name
 
 
 class FastdiffAttnProcessor(AttnProcessor2_0):
     """Attention processor computing softmax(QKᵀ·scale)V with a chosen backend."""
 
     def __init__(self, backend: str = "auto"):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown attention backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        check_backend_name(backend)
         super().__init__()
         self.backend = backend
 

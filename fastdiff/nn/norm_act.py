@@ -18,6 +18,7 @@ from torch import nn
 
 from fastdiff.kernels.group_norm_silu import SUPPORTED_DTYPES
 from fastdiff.nn.winograd import (
+    PlannedModule,
     TransformedWeightCache,
     WinogradConv2d,
     share_module_state,
@@ -27,7 +28,7 @@ from fastdiff.ops import dispatch
 from fastdiff.ops.norm import GN_BACKENDS, GN_CONV_BACKENDS, group_norm_silu, group_norm_silu_conv3x3
 
 
-class GroupNormSiLU(nn.GroupNorm):
+class GroupNormSiLU(PlannedModule, nn.GroupNorm):
     """``nn.GroupNorm`` followed by SiLU in one kernel (replace the SiLU that followed it by ``nn.Identity``)."""
 
     @classmethod
@@ -56,9 +57,6 @@ class GroupNormSiLU(nn.GroupNorm):
             backend=self.backend, plan_cache_dir=self.plan_cache_dir, plans=self.plans,
         )  # fmt: skip
 
-    def plan_summary(self) -> dict:
-        return {key: dict(rec) for key, rec in self.plans.items()}
-
 
 def fused_resnet_ineligible_reason(block: nn.Module) -> str | None:
     """Why ``block`` cannot become a :class:`FusedResnetBlock2D`, or None."""
@@ -74,11 +72,7 @@ def fused_resnet_ineligible_reason(block: nn.Module) -> str | None:
     return None
 
 
-def _fusable_conv(conv: nn.Module) -> bool:
-    return isinstance(conv, nn.Conv2d) and winograd_ineligible_reason(conv) is None
-
-
-class FusedResnetBlock2D(ResnetBlock2D):
+class FusedResnetBlock2D(PlannedModule, ResnetBlock2D):
     """diffusers ``ResnetBlock2D`` whose GroupNorm->SiLU->3x3 conv chains run as one fused operation.
 
     ``norm1 -> SiLU -> conv1`` (when the block does not resample in between) and
@@ -120,9 +114,10 @@ class FusedResnetBlock2D(ResnetBlock2D):
         return conv(y if dropout is None else dropout(y))
 
     def _norm_act_conv(self, x, norm, conv, name, es=None, et=None):
-        fusable = _fusable_conv(conv) and x.dtype in SUPPORTED_DTYPES and x.dtype == conv.weight.dtype
+        # an eligible conv has a kernel dtype (float32/float16/bfloat16), so x matching it has one too
+        fusable = winograd_ineligible_reason(conv) is None and x.dtype == conv.weight.dtype
         params = (x, norm.weight, norm.bias, conv.weight, conv.bias, es, et)
-        if self.backend == dispatch.NATIVE or not fusable or not dispatch.inference_only(*params):
+        if not fusable or not dispatch.inference_only(*params):  # forward() already ran native as a whole
             return self._unfused(x, norm, conv, es, et)
         cache = conv.weight_cache if isinstance(conv, WinogradConv2d) else self.weight_caches[name]
         return group_norm_silu_conv3x3(
@@ -176,6 +171,3 @@ class FusedResnetBlock2D(ResnetBlock2D):
                 input_tensor = input_tensor.contiguous()
             input_tensor = self.conv_shortcut(input_tensor)
         return (input_tensor + hidden) / self.output_scale_factor
-
-    def plan_summary(self) -> dict:
-        return {key: dict(rec) for key, rec in self.plans.items()}

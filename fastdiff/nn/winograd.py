@@ -87,7 +87,15 @@ class TransformedWeightCache:
         self._key = self._value = None
 
 
-class WinogradConv2d(nn.Conv2d):
+class PlannedModule:
+    """Mixin of fastdiff's kernel-backed modules: ``plans`` is their memo of decisions, one per input shape."""
+
+    def plan_summary(self) -> dict:
+        """Per input shape: the chosen implementation, timings (ms) and where the decision came from."""
+        return {key: dict(rec) for key, rec in self.plans.items()}
+
+
+class WinogradConv2d(PlannedModule, nn.Conv2d):
     """``nn.Conv2d`` (3x3, stride 1, padding 1) running Winograd F(2x2,3x3) where it measured faster."""
 
     @classmethod
@@ -145,10 +153,6 @@ class WinogradConv2d(nn.Conv2d):
             x, self.weight, self.bias, backend=self._backend(x), plan_cache_dir=self.plan_cache_dir,
             u=u, plans=self.plans,
         )  # fmt: skip
-
-    def plan_summary(self) -> dict:
-        """Per input shape: the chosen implementation, timings (ms) and where the decision came from."""
-        return {key: dict(rec) for key, rec in self.plans.items()}
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", winograd={self.winograd_mode!r}"

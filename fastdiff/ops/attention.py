@@ -40,7 +40,7 @@ class AttentionBackendError(RuntimeError):
     """The requested attention backend cannot run here."""
 
 
-def _check_backend_name(backend: str) -> None:
+def check_backend_name(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
@@ -147,7 +147,7 @@ def attention(q, k, v, *, attn_mask=None, scale=None, backend: str = "auto"):
     Returns:
         ``(B, H, Sq, D)`` tensor in the dtype of ``q``.
     """
-    _check_backend_name(backend)
+    check_backend_name(backend)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attention expects 4-D (batch, heads, seq, head_dim) tensors, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
@@ -167,7 +167,7 @@ def backend_status(backend: str, device="cpu", dtype=torch.float32, head_dim: in
     Probed with a tiny real call, so the answer reflects this build of PyTorch
     and this device, not a table of what should work.
     """
-    _check_backend_name(backend)
+    check_backend_name(backend)
     device = torch.device(device)
     try:
         q = torch.randn(1, 2, 8, head_dim, device=device, dtype=dtype)
