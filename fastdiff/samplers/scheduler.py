@@ -39,7 +39,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from fastdiff.dynamic.adapters import predicted_x0
 
 from .core import SAMPLERS, SolverState
-from .noise_schedule import NoiseSchedule, training_betas
+from .noise_schedule import NoiseSchedule
 from .options import as_config_value, validate_options
 from .schedules import build_schedule
 
@@ -107,25 +107,9 @@ class FastScheduler(FullPrecisionState, SchedulerMixin, ConfigMixin):
         timestep_scaling: float = 10.0,
         solver_type: str = "bh2",
     ):
-        validate_options(
-            sampler,
-            prediction_type=prediction_type,
-            schedule=schedule,
-            schedule_kind=schedule_kind,
-            fractional_timesteps=fractional_timesteps,
-            solver_order=solver_order,
-            lower_order_final=lower_order_final,
-            use_corrector=use_corrector,
-            eta=eta,
-            final_step=final_step,
-            rho=rho,
-            original_inference_steps=original_inference_steps,
-            timestep_scaling=timestep_scaling,
-            solver_type=solver_type,
-        )
-        self.noise_schedule = NoiseSchedule(
-            training_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas)
-        )
+        # @register_to_config has stored every argument in self.config before this body runs
+        validate_options(**self.config)
+        self.noise_schedule = NoiseSchedule.from_config(self.config)
         self.betas = torch.from_numpy(self.noise_schedule.betas).float()
         self.alphas_cumprod = torch.from_numpy(self.noise_schedule.alphas_cumprod).float()
         self.init_noise_sigma = 1.0
