@@ -184,7 +184,9 @@ class PlanCache:
     def put(self, key: str, record: dict) -> None:
         with self._lock:
             self.entries[key] = record
-            merged = {**self._read_quiet(), **self.entries}  # keep what other processes wrote meanwhile
+            with warnings.catch_warnings():  # keep what other processes wrote meanwhile (quietly: read once)
+                warnings.simplefilter("ignore")
+                merged = {**self._read(), **self.entries}
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".plan-", suffix=".json")
@@ -194,11 +196,6 @@ class PlanCache:
             except OSError as err:  # a read-only home must not break inference
                 warnings.warn(f"could not write fastdiff plan cache {self.path}: {err}", stacklevel=3)
 
-    def _read_quiet(self) -> dict[str, dict]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return self._read()
-
 
 _CACHES: dict[tuple[str, str], PlanCache] = {}
 
@@ -206,10 +203,9 @@ _CACHES: dict[tuple[str, str], PlanCache] = {}
 def get_plan_cache(cache_dir, device) -> PlanCache:
     device = torch.device(device)
     key = (str(Path(cache_dir).resolve()) if cache_dir else str(_cache_dir("plans")), device_tag(device))
-    cache = _CACHES.get(key)
-    if cache is None:
-        cache = _CACHES[key] = PlanCache(cache_dir, device)
-    return cache
+    if key not in _CACHES:
+        _CACHES[key] = PlanCache(cache_dir, device)
+    return _CACHES[key]
 
 
 def clear_memory_caches() -> None:
