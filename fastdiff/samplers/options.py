@@ -68,10 +68,9 @@ def validate_options(sampler: str, **o) -> None:
     for flag in ("fractional_timesteps", "lower_order_final", "use_corrector"):
         if not isinstance(o[flag], (bool, np.bool_)):
             raise TypeError(f"{flag} must be True or False, got {o[flag]!r} ({type(o[flag]).__name__})")
-    for name, low in (("rho", 0.0), ("eta", 0.0), ("timestep_scaling", 0.0)):
-        v = o[name]
-        if not _is_real(v) or not math.isfinite(v) or (v <= low if name != "eta" else v < low):
-            rule = ">= 0" if name == "eta" else "> 0"
+    for name in ("rho", "eta", "timestep_scaling"):  # eta may be 0, the others must be positive
+        v, rule = o[name], (">= 0" if name == "eta" else "> 0")
+        if not _is_real(v) or not math.isfinite(v) or v < 0 or (v == 0 and name != "eta"):
             raise ValueError(f"{name} must be a finite number {rule}, got {v!r}")
     ois = o["original_inference_steps"]
     if not isinstance(ois, (int, np.integer)) or isinstance(ois, (bool, np.bool_)) or ois < 1:
