@@ -39,7 +39,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from fastdiff.dynamic.adapters import predicted_x0
 
 from .core import SAMPLERS, SolverState
-from .noise_schedule import NoiseSchedule
+from .noise_schedule import SD_TRAINING_CONFIG, NoiseSchedule
 from .options import as_config_value, validate_options
 from .schedules import build_schedule
 
@@ -369,15 +369,8 @@ def _config_of(like) -> Mapping:
     )
 
 
-INHERITED_KEYS = (
-    "num_train_timesteps",
-    "beta_start",
-    "beta_end",
-    "beta_schedule",
-    "trained_betas",
-    "prediction_type",
-    "steps_offset",
-)
+# the training schedule, how the model's output reads, and the timestep offset of its training
+INHERITED_KEYS = (*SD_TRAINING_CONFIG, "prediction_type", "steps_offset")
 
 
 def inherited_config(like) -> dict:
