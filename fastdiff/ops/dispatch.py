@@ -13,7 +13,8 @@ Vocabulary (the only names for implementations, used as ``backend=`` values and 
 
 Eligibility (one rule, :func:`inference_only`): a non-native implementation runs only when no gradient is
 needed for ANY input (activations, weights, biases, norm affine parameters) and nothing traces, scripts,
-exports or compiles the call; otherwise native runs, whatever the backend asked for.
+exports or compiles the call; otherwise native runs, whatever the backend asked for. Every op applies it
+through :func:`select`, which also resolves ``"auto"``.
 
 Plans: :func:`choose` times each candidate once per key; keys start with the device type and name
 (:func:`device_tag`) and contain op, shape, dtype and layout, and each plan file is named after the device
