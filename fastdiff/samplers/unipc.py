@@ -41,13 +41,13 @@ def check_solver_type(solver_type) -> None:
 
 
 def _unipc_coefficients(sigmas: Sequence[float], sigma_t: float, order: int, solver_type: str = "bh2"):
-    """Return ``(h, phi_1, B_h, rks[order-1], b[order])`` for the step ``sigmas[0] -> sigma_t``."""
+    """Return ``(phi_1, B_h, rks[order-1], b[order])`` for the step ``sigmas[0] -> sigma_t``."""
     lam0 = _lam(sigmas[0])
     h = _lam(sigma_t) - lam0
     hh = -h
     h_phi_1 = math.expm1(hh)
     check_solver_type(solver_type)
-    b_h = math.expm1(hh) if solver_type == "bh2" else hh
+    b_h = h_phi_1 if solver_type == "bh2" else hh
     rks = [(_lam(sigmas[k]) - lam0) / h for k in range(1, order)]
     b = []
     h_phi_k = h_phi_1 / hh - 1.0
@@ -56,7 +56,7 @@ def _unipc_coefficients(sigmas: Sequence[float], sigma_t: float, order: int, sol
         b.append(h_phi_k * factorial / b_h)
         factorial *= i + 1
         h_phi_k = h_phi_k / hh - 1.0 / factorial
-    return h, h_phi_1, b_h, rks, b
+    return h_phi_1, b_h, rks, b
 
 
 def unipc_predict(
@@ -68,7 +68,7 @@ def unipc_predict(
     solver_type: str = "bh2",
 ) -> torch.Tensor:
     """UniP-``order`` predictor; ``denoised[k]``/``sigmas[k]`` are ``k`` steps back; ``sigma_next > 0``."""
-    _, h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas, sigma_next, order, solver_type)
+    h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas, sigma_next, order, solver_type)
     m0 = denoised[0]
     out = (sigma_next / sigmas[0]) * x - h_phi_1 * m0
     if order == 1:
@@ -97,7 +97,7 @@ def unipc_correct(
     x0-predictions ``k`` steps before ``sigma``'s step, ``denoised`` the model's x0-prediction
     at the predicted state at ``sigma``.  Returns the corrected state at ``sigma``.
     """
-    _, h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas_prev, sigma, order, solver_type)
+    h_phi_1, b_h, rks, b = _unipc_coefficients(sigmas_prev, sigma, order, solver_type)
     m0 = denoised_prev[0]
     out = (sigma / sigmas_prev[0]) * x_prev - h_phi_1 * m0
     if order == 1:
