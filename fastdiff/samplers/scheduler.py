@@ -161,31 +161,28 @@ class FastScheduler(FullPrecisionState, SchedulerMixin, ConfigMixin):
         cfg = self.config
         if timesteps is not None and sigmas is not None:
             raise ValueError("pass at most one of `timesteps` and `sigmas`")
-        kw = dict(
+        sched, kind = self.schedule_name, cfg.schedule_kind
+        if timesteps is not None:  # diffusers' per-call overrides of the configured schedule
+            sched, kind = timesteps, "timesteps"
+        elif sigmas is not None:
+            sched, kind = sigmas, "sigmas"
+        ts, sig = build_schedule(
+            sched,
+            num_inference_steps,  # explicit lists ignore it
+            self.noise_schedule,
+            kind=kind,
             steps_offset=cfg.steps_offset,
             rho=cfg.rho,
             fractional_timesteps=cfg.fractional_timesteps,
             original_inference_steps=cfg.original_inference_steps,
             trailing_up_to=SAMPLERS[cfg.sampler].trailing_up_to,
         )
-        if timesteps is not None:
-            ts, sig = build_schedule(timesteps, None, self.noise_schedule, kind="timesteps", **kw)
-        elif sigmas is not None:
-            ts, sig = build_schedule(sigmas, None, self.noise_schedule, kind="sigmas", **kw)
-        else:
-            sched = self.schedule_name
-            ts, sig = build_schedule(
-                sched, num_inference_steps, self.noise_schedule, kind=cfg.schedule_kind, **kw
+        fixed = timesteps is None and sigmas is None and not isinstance(sched, str)  # a configured list
+        if fixed and num_inference_steps not in (None, len(ts)):
+            raise ValueError(
+                f"this scheduler has a fixed {len(ts)}-step schedule; got num_inference_steps="
+                f"{num_inference_steps}. Use {len(ts)} steps or a named schedule."
             )
-            if (
-                not isinstance(sched, str)
-                and num_inference_steps is not None
-                and num_inference_steps != len(ts)
-            ):
-                raise ValueError(
-                    f"this scheduler has a fixed {len(ts)}-step schedule; got num_inference_steps="
-                    f"{num_inference_steps}. Use {len(ts)} steps or a named schedule."
-                )
         self._set_schedule(ts, sig, device)
 
     def _set_schedule(self, ts: np.ndarray, sig: np.ndarray, device=None) -> None:
