@@ -226,12 +226,6 @@ class FastScheduler(FullPrecisionState, SchedulerMixin, ConfigMixin):
         # as diffusers: with duplicates (rounded sigma schedules) the second match is the one stepped
         return int(idx[1 if len(idx) > 1 else 0])
 
-    def _init_step_index(self, timestep) -> None:
-        if self.begin_index is None:
-            self._step_index = self.index_for_timestep(timestep)
-        else:
-            self._step_index = self._begin_index
-
     def scale_model_input(self, sample: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """Identity: the model input is the VP state."""
         return sample
@@ -284,8 +278,9 @@ class FastScheduler(FullPrecisionState, SchedulerMixin, ConfigMixin):
         (:class:`FullPrecisionState`)."""
         if self._solver is None:
             raise ValueError("call set_timesteps() before step()")
-        if self.step_index is None:
-            self._init_step_index(timestep)
+        if self.step_index is None:  # the first step: where set_begin_index() said, else at `timestep`
+            begin = self.begin_index
+            self._step_index = self.index_for_timestep(timestep) if begin is None else begin
         i = self.step_index
         if i >= self.num_inference_steps:
             raise IndexError(
