@@ -137,29 +137,20 @@ class FastdiffPipelineMixin:
             )
         state.check_refiner(self)
         check_preview_steps(preview_steps)
-        if output_type is not None:
-            check_output_type(output_type)
-        if return_dict is not None and not isinstance(return_dict, bool):
-            raise TypeError(f"return_dict must be True, False or None, got {return_dict!r}")
         decode_kwargs = dict(state.decode_kwargs)
         if output_type is not None:
+            check_output_type(output_type)
             decode_kwargs["output_type"] = output_type
         if return_dict is not None:
+            if not isinstance(return_dict, bool):
+                raise TypeError(f"return_dict must be True, False or None, got {return_dict!r}")
             decode_kwargs["return_dict"] = return_dict
         t0 = time.perf_counter()
         with torch.no_grad():
             result = resume(state.sample_state.copy(), stop_after=preview_steps)
-        record = copy.copy(state.record)
-        record.timings = dict(record.timings)
-        record.timings["denoise"] = record.timings.get("denoise", 0.0) + time.perf_counter() - t0
-        return self._fastdiff_stamp(self._fastdiff_finish(result, record, decode_kwargs))
-
-    def _fastdiff_stamp(self, output):
-        """Mark a preview's state as made by this pipeline (see :meth:`RefineState.check_refiner`)."""
-        state = self.fastdiff_record.state
-        if state is not None:
-            state.producer = Producer.of(self)
-        return output
+        timings = dict(state.record.timings)
+        timings["denoise"] = timings.get("denoise", 0.0) + time.perf_counter() - t0
+        return self._fastdiff_finish(result, state.record.reason, timings, decode_kwargs)
 
     # ------------------------------------------------------------------ the two paths
     def _fastdiff_passthrough(self, args, kwargs):
@@ -232,35 +223,38 @@ class FastdiffPipelineMixin:
                     finish_call(self)  # a step cache forgets the failed run's features and schedule
                     raise
         timings["denoise"] = time.perf_counter() - t0 - timings.get("draft", 0.0)
-        record = FastdiffRecord(
-            mode="fastdiff", nfe=0, steps=[], num_steps=[], reason=plan.reason, timings=timings
-        )
         decode_kwargs = {
             "output_type": plan.output_type,
             "return_dict": plan.return_dict,
             "generator": plan.generator,
         }
-        return self._fastdiff_stamp(self._fastdiff_finish(result, record, decode_kwargs))
+        return self._fastdiff_finish(result, plan.reason, timings, decode_kwargs)
 
-    def _fastdiff_finish(self, result, record: FastdiffRecord, decode_kwargs: dict):
+    def _fastdiff_finish(self, result, reason: str, timings: dict, decode_kwargs: dict):
+        """Decode ``result`` and attach its record; a paused run's state is marked as made by this pipeline
+        (see :meth:`RefineState.check_refiner`)."""
         t0 = time.perf_counter()
         with torch.no_grad():
             output = self._fastdiff_decode(result.latents, **decode_kwargs)
-        record.timings["decode"] = time.perf_counter() - t0
-        record.timings["total"] = sum(v for k, v in record.timings.items() if k in _TIMED)
-        record.nfe = result.nfe
-        record.nfe_per_sample = list(result.nfe_per_sample)
-        record.steps = result.steps_run
-        record.num_steps = result.num_steps
-        record.stopped_early = result.stopped_early
-        record.notes = list(result.notes)
-        record.trace = result.trace
-        record.step_cache = finish_call(self, result.state)  # also re-arms the cache's rows hook
-        if any(record.notes):
-            record.reason = record.reason + " | " + " | ".join(dict.fromkeys(n for n in record.notes if n))
-        record.state = None
+        timings["decode"] = time.perf_counter() - t0
+        timings["total"] = sum(v for k, v in timings.items() if k in _TIMED)
+        if any(result.notes):
+            reason += " | " + " | ".join(dict.fromkeys(n for n in result.notes if n))
+        record = FastdiffRecord(
+            mode="fastdiff",
+            nfe=result.nfe,
+            steps=result.steps_run,
+            num_steps=result.num_steps,
+            reason=reason,
+            timings=timings,
+            stopped_early=result.stopped_early,
+            nfe_per_sample=list(result.nfe_per_sample),
+            notes=list(result.notes),
+            trace=result.trace,
+            step_cache=finish_call(self, result.state),  # also re-arms the cache's rows hook
+        )
         if result.state is not None:
-            record.state = RefineState(result.state, decode_kwargs, copy.copy(record))
+            record.state = RefineState(result.state, decode_kwargs, copy.copy(record), Producer.of(self))
         return self._fastdiff_attach(output, record)
 
     def _fastdiff_attach(self, output, record: FastdiffRecord):

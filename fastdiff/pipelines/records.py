@@ -82,7 +82,7 @@ class Producer:
     """Weak references to the pipeline that made a preview and to its U-Net and VAE at that time."""
 
     pipe: weakref.ref
-    unet: Callable  # weakref.ref, or _none for an absent component
+    unet: Callable  # weakref.ref, or a callable returning None for an absent component
     vae: Callable
 
     @classmethod
@@ -107,8 +107,4 @@ class Producer:
 
 def _ref(obj):
     """A weak reference, or a callable returning None for an absent component (``vae=None``)."""
-    return _none if obj is None else weakref.ref(obj)
-
-
-def _none():
-    return None
+    return (lambda: None) if obj is None else weakref.ref(obj)
