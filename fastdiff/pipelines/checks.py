@@ -23,6 +23,7 @@ __all__ = [
     "check_latents",
     "check_output_type",
     "check_preview_steps",
+    "is_number",
     "prompts_per_image",
 ]
 
@@ -74,6 +75,11 @@ def check_known_kwargs(diffusers_call, fastdiff_call, kwargs: dict) -> None:
         )
 
 
+def is_number(value) -> bool:
+    """An int or a float; not a bool, although Python counts ``True`` as an int."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _positive_int(name: str, value, upper: int | None = None, multiple: int = 1) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     ok = ok and (upper is None or value <= upper) and value % multiple == 0
@@ -98,16 +104,12 @@ def check_call_kwargs(args: tuple, kwargs: dict) -> None:
     if kwargs.get("num_inference_steps") is not None:
         _positive_int("num_inference_steps", kwargs["num_inference_steps"], upper=MAX_STEPS)
     scale = kwargs.get("guidance_scale")
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
-    ):
+    if scale is not None and not (is_number(scale) and math.isfinite(scale)):
         raise ValueError(
             f"guidance_scale must be a finite number (<= 1 disables classifier-free guidance), got {scale!r}"
         )
     rescale = kwargs.get("guidance_rescale")
-    if rescale is not None and (
-        isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0.0 <= rescale <= 1.0
-    ):
+    if rescale is not None and not (is_number(rescale) and 0.0 <= rescale <= 1.0):
         raise ValueError(f"guidance_rescale must be a number in [0, 1] (0: off), got {rescale!r}")
     generator = kwargs.get("generator")
     gens = generator if isinstance(generator, list) else [generator]
@@ -130,12 +132,10 @@ def check_eta(kwargs: dict, scheduler) -> None:
 
     diffusers drops ``eta`` silently for schedulers whose ``step()`` has no such argument; a sweep over eta
     would then report identical images, so fastdiff raises instead."""
-    import inspect
-
     eta = kwargs.get("eta")
     if eta is None:
         return
-    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta < 0:
+    if not (is_number(eta) and math.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta must be a finite number >= 0 (0: deterministic DDIM), got {eta!r}")
     if eta == 0:
         return
