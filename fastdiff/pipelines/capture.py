@@ -25,7 +25,7 @@ import torch
 
 from fastdiff.dynamic.guidance import GuidedUNet
 
-__all__ = ["PreparedInputs", "capture_inputs", "diffusers_call"]
+__all__ = ["PreparedInputs", "capture_inputs", "diffusers_class"]
 
 
 class _Captured(Exception):
@@ -43,10 +43,9 @@ class PreparedInputs:
     seconds: float
 
 
-def diffusers_call(pipe):
-    """``__call__`` of the diffusers class ``pipe`` derives from, bound to ``pipe`` (skips fastdiff's)."""
-    base = next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))
-    return base.__call__.__get__(pipe)
+def diffusers_class(pipe) -> type:
+    """The diffusers pipeline class ``pipe`` derives from (fastdiff's drop-in classes skipped)."""
+    return next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))
 
 
 def capture_inputs(pipe, args, kwargs, num_inference_steps: int, scheduler) -> PreparedInputs:
@@ -71,8 +70,8 @@ def capture_inputs(pipe, args, kwargs, num_inference_steps: int, scheduler) -> P
     original_scheduler, pipe.scheduler = pipe.scheduler, scheduler
     try:
         with torch.no_grad():
-            diffusers_call(pipe)(
-                *args, num_inference_steps=num_inference_steps, output_type="latent", **kwargs
+            diffusers_class(pipe).__call__(
+                pipe, *args, num_inference_steps=num_inference_steps, output_type="latent", **kwargs
             )
     except _Captured:
         pass

@@ -15,7 +15,8 @@ from fastdiff.dynamic.auto_steps import AutoSteps
 from fastdiff.dynamic.controllers import EarlyStop
 from fastdiff.dynamic.draft import refine_steps
 from fastdiff.dynamic.presets import resolve_steps
-from fastdiff.pipelines.checks import check_output_type, check_preview_steps, prompts_per_image
+from fastdiff.pipelines.capture import diffusers_class
+from fastdiff.pipelines.checks import check_output_type, check_preview_steps, is_number, prompts_per_image
 
 __all__ = ["CallPlan", "DraftSpec", "plan_call"]
 
@@ -49,16 +50,15 @@ class DraftSpec:
             spec = cls(model=value[0], strength=value[1])
         else:
             spec = cls(model=value)
-        if not (_is_pipeline(spec.model) or _is_unet(spec.model)):
+        if _is_pipeline(spec.model):
+            _check_lcm_scheduler(spec.model)
+        elif not _is_unet(spec.model):
             raise TypeError(
                 "draft model must be an LCM pipeline or an LCM UNet2DConditionModel, "
                 f"got {type(spec.model).__name__}"
             )
-        if _is_pipeline(spec.model):
-            _check_lcm_scheduler(spec.model)
-        strength = spec.strength
-        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0.0 < strength <= 1.0:
-            raise ValueError(f"draft strength must be in (0, 1], got {strength!r}")
+        if not (is_number(spec.strength) and 0.0 < spec.strength <= 1.0):
+            raise ValueError(f"draft strength must be in (0, 1], got {spec.strength!r}")
         if not isinstance(spec.steps, int) or isinstance(spec.steps, bool) or not 1 <= spec.steps <= 8:
             raise ValueError(f"draft steps must be an int in [1, 8] (LCM uses 1-4), got {spec.steps!r}")
         return spec
@@ -69,13 +69,12 @@ class DraftSpec:
             return self.model
         from diffusers import LCMScheduler
 
-        base = next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers."))
         components = {
             **pipe.components,
             "unet": self.model,
             "scheduler": LCMScheduler.from_config(pipe.scheduler.config),
         }
-        draft = base(**components)
+        draft = diffusers_class(pipe)(**components)
         draft.set_progress_bar_config(disable=True)
         return draft
 
@@ -115,15 +114,16 @@ def check_default_sampler_fits(pipe, steps) -> None:
     on an LCM student (an LCM scheduler, or a U-Net distilled with a guidance embedding) that would run the
     student off the sampler it was distilled for, so such a call is refused before any model runs."""
     unet_config = getattr(getattr(pipe, "unet", None), "config", None)
-    distilled = getattr(unet_config, "time_cond_proj_dim", None) is not None
-    if _samples_with_lcm(pipe) or distilled:
-        what = (
-            "an LCM scheduler" if _samples_with_lcm(pipe) else "an LCM-distilled U-Net (time_cond_proj_dim)"
-        )
-        raise ValueError(
-            f"steps={steps!r} runs DPM-Solver++(2M) for a step count measured on a teacher model, but this "
-            f"pipeline has {what}; pass the number of LCM steps as an int (e.g. steps=4)"
-        )
+    if _samples_with_lcm(pipe):
+        what = "an LCM scheduler"
+    elif getattr(unet_config, "time_cond_proj_dim", None) is not None:
+        what = "an LCM-distilled U-Net (time_cond_proj_dim)"
+    else:
+        return
+    raise ValueError(
+        f"steps={steps!r} runs DPM-Solver++(2M) for a step count measured on a teacher model, but this "
+        f"pipeline has {what}; pass the number of LCM steps as an int (e.g. steps=4)"
+    )
 
 
 def _check_lcm_scheduler(draft_pipe) -> None:
