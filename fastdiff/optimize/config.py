@@ -60,13 +60,10 @@ class OptimizeConfig:
     def __post_init__(self):
         from fastdiff.ops.attention import BACKENDS as ATTENTION_BACKENDS  # light; ops load on first use
 
-        def bool_or_auto(name):
+        for name in ("winograd", "channels_last"):
             value = getattr(self, name)
             if not (value == "auto" and isinstance(value, str)) and not isinstance(value, bool):
                 raise ValueError(f"{name} must be 'auto', True or False, got {value!r}")
-
-        bool_or_auto("winograd")
-        bool_or_auto("channels_last")
         for name in ("fuse_norm_act", "verify"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -108,15 +105,12 @@ class OptimizeConfig:
             f"config must be a fastdiff.OptimizeConfig or None, got {type(config).__name__} {config!r}{hint}"
         )
 
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
     def replace(self, **overrides) -> OptimizeConfig:
         """A copy with ``overrides`` applied; unknown names raise TypeError listing the valid ones."""
-        unknown = sorted(set(overrides) - set(self.field_names()))
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(overrides) - set(names))
         if unknown:
             raise TypeError(
-                f"unknown optimize option(s) {', '.join(unknown)}; valid options: {', '.join(self.field_names())}"
+                f"unknown optimize option(s) {', '.join(unknown)}; valid options: {', '.join(names)}"
             )
         return dataclasses.replace(self, **overrides)
