@@ -8,12 +8,6 @@ import torch
 from torch import nn
 
 
-def get_submodule_parent(root: nn.Module, path: str) -> tuple[nn.Module, str]:
-    parent_path, _, name = path.rpartition(".")
-    parent = root.get_submodule(parent_path) if parent_path else root
-    return parent, name
-
-
 class PassContext:
     """What a pass may do to a UNet, recorded so it can be undone.
 
@@ -41,7 +35,8 @@ class PassContext:
 
     def replace_module(self, path: str, new_module: nn.Module, note: str = "") -> None:
         """Put ``new_module`` at dotted ``path``; the original is kept for undo."""
-        parent, name = get_submodule_parent(self.unet, path)
+        parent_path, _, name = path.rpartition(".")
+        parent = self.unet.get_submodule(parent_path)  # "" is the U-Net itself
         old = getattr(parent, name)
         setattr(parent, name, new_module)
         self.record(path, lambda: setattr(parent, name, old), note or type(new_module).__name__)

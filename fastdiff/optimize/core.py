@@ -10,8 +10,6 @@ reported. So ``optimize`` never hands back a silently wrong model, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from diffusers import UNet2DConditionModel
 
@@ -23,13 +21,6 @@ from fastdiff.optimize.report import OptimizeReport, PassReport, Verification, w
 from fastdiff.testing.probe import unet_probe_inputs
 
 _TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 1e-2, torch.bfloat16: 4e-2}
-_STATE = "_fastdiff_state"
-
-
-@dataclass
-class _State:
-    contexts: list[PassContext] = field(default_factory=list)
-    report: OptimizeReport = field(default_factory=OptimizeReport)
 
 
 def _resolve_unet(obj, action: str = "optimize") -> UNet2DConditionModel:
@@ -89,7 +80,7 @@ def optimize(obj, config: OptimizeConfig | None = None, **overrides):
         if p.disabled_reason(config) is None:
             p.check(unet, config)
 
-    previous = getattr(unet, _STATE, None)
+    previous = installed.find(unet, "optimize")
     if previous is not None:
         installed.undo_all(unet, "optimize")
     try:
@@ -97,7 +88,7 @@ def optimize(obj, config: OptimizeConfig | None = None, **overrides):
     except Exception as err:
         if previous is not None:  # put the earlier optimisation back, as promised above
             try:
-                _apply(unet, previous.report.config, default_passes())
+                _apply(unet, previous.info["report"].config, default_passes())
             except Exception as again:
                 # _apply undoes its own partial work, so the U-Net is the original one: say so, loudly
                 raise RuntimeError(
@@ -118,12 +109,18 @@ def _apply(unet, config: OptimizeConfig, passes) -> None:
         probe_desc = f"{tuple(probe['sample'].shape)} {str(param.dtype).removeprefix('torch.')}"
         ref = _run_probe(unet, probe)
 
-    state = _State(report=OptimizeReport(config=config))
+    report = OptimizeReport(config=config)
+    applied: list[PassContext] = []
+
+    def undo() -> None:
+        for ctx in reversed(applied):
+            ctx.undo()
+
     try:
         for p in passes:
             why_not = p.disabled_reason(config)
             if why_not is not None:
-                state.report.passes.append(PassReport(p.name, "disabled", reason=why_not))
+                report.passes.append(PassReport(p.name, "disabled", reason=why_not))
                 continue
             ctx = PassContext(unet, p.name)
             try:
@@ -147,22 +144,14 @@ def _apply(unet, config: OptimizeConfig, passes) -> None:
                     rep.status = "rolled back"
                     rep.reason = "output did not match the original UNet"
             if rep.status == "applied":
-                state.contexts.append(ctx)
+                applied.append(ctx)
                 if rep.verification is not None:
-                    state.report.verification = rep.verification
-            state.report.passes.append(rep)
+                    report.verification = rep.verification
+            report.passes.append(rep)
     except Exception:
-        for ctx in reversed(state.contexts):
-            ctx.undo()
+        undo()
         raise
-    setattr(unet, _STATE, state)
-
-    def undo():
-        for ctx in reversed(state.contexts):
-            ctx.undo()
-        delattr(unet, _STATE)
-
-    installed.record(unet, "optimize", undo)
+    installed.record(unet, "optimize", undo, report=report)  # fastdiff.report reads it there
 
 
 def restore(obj):
@@ -191,18 +180,18 @@ def report(obj) -> OptimizeReport:
     step cache (``fastdiff.step_cache``) is listed with its last run's stats.
     """
     unet = _resolve_unet(obj, "report")
-    state = getattr(unet, _STATE, None)
-    if state is None:
+    inst = installed.find(unet, "optimize")
+    if inst is None:
         return with_step_cache(
             OptimizeReport(
                 passes=[PassReport("optimize", "not applied", reason="call fastdiff.optimize(obj) first")]
             ),
             unet,
         )
-    for rep in state.report.passes:
+    for rep in inst.info["report"].passes:
         for path, _ in rep.changed:
             try:
-                module = unet.get_submodule(path) if path else unet
+                module = unet.get_submodule(path)  # "" is the U-Net itself
             except AttributeError:
                 continue
             summary = getattr(module, "plan_summary", None)
@@ -210,4 +199,4 @@ def report(obj) -> OptimizeReport:
                 plan = summary()
                 if plan:
                     rep.details.setdefault(path, {})["plan"] = plan
-    return with_step_cache(state.report, unet)
+    return with_step_cache(inst.info["report"], unet)

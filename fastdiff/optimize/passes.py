@@ -78,9 +78,8 @@ class ChannelsLastPass(Pass):
         return None if config.channels_last else "disabled by config"
 
     def apply(self, unet, config, ctx) -> None:
-        device = next(unet.parameters()).device
-        if config.channels_last == "auto" and device.type != "cuda":
-            ctx.skip("", f"auto: model is on {device.type}, channels-last is enabled on CUDA only")
+        if config.channels_last == "auto" and ctx.device.type != "cuda":
+            ctx.skip("", f"auto: model is on {ctx.device.type}, channels-last is enabled on CUDA only")
             return
         unet.to(memory_format=torch.channels_last)
         ctx.record("", lambda: unet.to(memory_format=torch.contiguous_format), "weights to channels_last")
