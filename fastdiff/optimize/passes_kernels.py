@@ -61,26 +61,17 @@ class FuseNormActPass(Pass):
     def backend_for(device: torch.device, config) -> tuple[str | None, str]:
         """(backend, why): "auto" where Triton runs compiled, "triton" when forced via
         ``config.extra["fuse_norm_act_backend"]`` (tests use it with the interpreter), else None."""
-        forced = (config.extra or {}).get("fuse_norm_act_backend")
+        forced = config.extra.get("fuse_norm_act_backend")  # a valid key of _NORM_BACKENDS (OptimizeConfig)
         if forced is not None:
-            if forced not in _NORM_BACKENDS:
-                raise ValueError(
-                    f"extra['fuse_norm_act_backend'] must be one of {', '.join(map(repr, _NORM_BACKENDS))}, "
-                    f"got {forced!r}"
-                )
             return forced, "forced by config.extra"
         if triton_native(device):
             return "auto", "Triton kernels, measured per shape"
-        if device.type == "cpu":
-            return None, (
-                "no fused kernel beats PyTorch on cpu: "
-                + (
-                    triton_unusable_reason(device)
-                    if not triton_usable(device)
-                    else "the Triton interpreter is for testing only"
-                )
-            )
-        return None, triton_unusable_reason(device)
+        if device.type != "cpu":
+            return None, triton_unusable_reason(device)
+        why = triton_unusable_reason(device)
+        if triton_usable(device):  # on cpu: through the interpreter
+            why = "the Triton interpreter is for testing only"
+        return None, f"no fused kernel beats PyTorch on cpu: {why}"
 
     def apply(self, unet, config, ctx) -> None:
         backend, why = self.backend_for(ctx.device, config)
@@ -122,13 +113,9 @@ class WinogradPass(Pass):
     def apply(self, unet, config, ctx) -> None:
         # winograd=True runs the Triton kernel where it is compiled (CUDA), the PyTorch Winograd elsewhere;
         # config.extra["winograd_backend"] = "triton" | "torch" forces one (tests use the interpreter)
-        backend = (config.extra or {}).get("winograd_backend", "auto")
-        if backend not in _WINOGRAD_BACKENDS:
-            raise ValueError(
-                f"extra['winograd_backend'] must be one of {', '.join(map(repr, _WINOGRAD_BACKENDS))}, "
-                f"got {backend!r}"
-            )
-        backend = _WINOGRAD_BACKENDS[backend]
+        backend = _WINOGRAD_BACKENDS[
+            config.extra.get("winograd_backend", "auto")
+        ]  # checked by OptimizeConfig
         for path, conv in _eligible(unet, ctx, nn.Conv2d, WinogradConv2d, winograd_ineligible_reason):
             new = WinogradConv2d.from_module(
                 conv, mode=config.winograd, plan_cache_dir=config.plan_cache_dir, winograd_backend=backend
