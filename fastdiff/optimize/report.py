@@ -33,17 +33,14 @@ class PassReport:
     verification: Verification | None = None
 
     def lines(self, max_items: int = 12) -> list[str]:
-        head = f"[{self.name}] {self.status}" + (f": {self.reason}" if self.reason else "")
-        out = [head]
+        out = [f"[{self.name}] {self.status}" + (f": {self.reason}" if self.reason else "")]
         if self.verification is not None:
             out.append(f"  verification {self.verification}")
-        if self.changed:
-            out.append(f"  changed {len(self.changed)}:")
-            for path, note in self.changed[:max_items]:
-                extra = self.details.get(path)
-                out.append(f"    {path}: {note}" + (f" {extra}" if extra else ""))
-            if len(self.changed) > max_items:
-                out.append(f"    ... and {len(self.changed) - max_items} more")
+        changed = [
+            f"{path}: {note}" + (f" {self.details[path]}" if self.details.get(path) else "")
+            for path, note in self.changed
+        ]
+        out += _listing("changed", changed, max_items)
         for path, detail in self.details.items():  # a measured winner that disagreed with native
             for key, rec in (detail.get("plan") or {}).items():
                 ver = rec.get("verify") if isinstance(rec, dict) else None
@@ -52,13 +49,18 @@ class PassReport:
                         f"  {path} {key}: {ver['candidate']} differed from native by {ver['rel_err']:.2e} "
                         f"(tolerance {ver['tolerance']:.0e}): kept native"
                     )
-        if self.skipped:
-            out.append(f"  skipped {len(self.skipped)}:")
-            for path, why in self.skipped[:max_items]:
-                out.append(f"    {path}: {why}")
-            if len(self.skipped) > max_items:
-                out.append(f"    ... and {len(self.skipped) - max_items} more")
+        out += _listing("skipped", [f"{path}: {why}" for path, why in self.skipped], max_items)
         return out
+
+
+def _listing(title: str, items: list[str], max_items: int) -> list[str]:
+    """``title`` with the count, then the first ``max_items`` items and how many more there are."""
+    if not items:
+        return []
+    out = [f"  {title} {len(items)}:", *(f"    {item}" for item in items[:max_items])]
+    if len(items) > max_items:
+        out.append(f"    ... and {len(items) - max_items} more")
+    return out
 
 
 @dataclass
@@ -124,14 +126,11 @@ class OptimizeReport:
             return None if v is None else {"error": v.error, "tolerance": v.tolerance, "passed": v.passed}
 
         return {
-            "passes": [
+            "passes": [  # every PassReport field, in order; JSON-ready
                 {
-                    "name": p.name,
-                    "status": p.status,
-                    "reason": p.reason,
+                    **vars(p),
                     "changed": [list(c) for c in p.changed],
                     "skipped": [list(s) for s in p.skipped],
-                    "details": p.details,
                     "verification": ver(p.verification),
                 }
                 for p in self.passes
