@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p_sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["demo"]:
-        _check_demo_only(parser, argv[1:])
+    if argv[:1] == ["demo"]:  # the demo's own parser (fastdiff.demo.main) takes its options
         from fastdiff.demo import main as demo_main
 
         return demo_main(argv[1:]) or 0
@@ -168,23 +167,6 @@ def writable_dir(path: str, option: str) -> str | None:
     return None
 
 
-def _check_demo_only(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """``--only`` with no names, or with a name no configuration has, fails before any generation."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--only", nargs="*")
-    known, _ = pre.parse_known_args(argv)
-    if known.only is None:
-        return
-    from fastdiff.demo import CONFIGS
-
-    names = [c.name for c in CONFIGS]
-    if not known.only:
-        parser.error(f"demo --only needs at least one configuration name; valid: {', '.join(names)}")
-    unknown = [n for n in known.only if n not in names]
-    if unknown:
-        parser.error(f"demo --only: unknown configuration(s) {unknown}; valid: {', '.join(names)}")
-
-
 def _sweep(parser: argparse.ArgumentParser, args) -> int:
     from pathlib import Path
 
@@ -203,22 +185,18 @@ def _sweep(parser: argparse.ArgumentParser, args) -> int:
         check_out()
         result = collate(out)
     else:
-        try:
+        try:  # a bad spec, or OUT holding a different sweep: a message, not a traceback
             spec = parse_spec(args.spec)
-        except SpecError as e:
-            print(f"fastdiff sweep: error: {e}", file=sys.stderr)
-            return 2
-        if args.check:
-            from fastdiff.sweep.store import chunks_of
+            if args.check:
+                from fastdiff.sweep.store import chunks_of
 
-            n = sum(len(ch) for c in spec.configs for ch in chunks_of(spec, c))
-            print(
-                f"{args.spec}: valid; {len(spec.configs)} configurations x {len(spec.prompts)} prompts x "
-                f"{len(spec.seeds)} seeds = {n} items -> {out}"
-            )
-            return 0
-        check_out()
-        try:
+                n = sum(len(ch) for c in spec.configs for ch in chunks_of(spec, c))
+                print(
+                    f"{args.spec}: valid; {len(spec.configs)} configurations x {len(spec.prompts)} prompts x "
+                    f"{len(spec.seeds)} seeds = {n} items -> {out}"
+                )
+                return 0
+            check_out()
             result = sweep(args.spec, out, extend=args.extend, progress=not args.no_progress)
         except SpecError as e:
             print(f"fastdiff sweep: error: {e}", file=sys.stderr)

@@ -265,6 +265,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", nargs="*", help="configuration names to run (baseline always runs)")
     args = p.parse_args(argv)
+    if args.only is not None:  # no names, or a name no configuration has, fails before any generation
+        names = [c.name for c in CONFIGS]
+        if not args.only:
+            p.error(f"--only needs at least one configuration name; valid: {', '.join(names)}")
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            p.error(f"--only: unknown configuration(s) {unknown}; valid: {', '.join(names)}")
     from fastdiff.cli import writable_dir
 
     problem = writable_dir(args.out, "--out")
