@@ -18,7 +18,7 @@ from fastdiff.optimize.config import OptimizeConfig
 from fastdiff.optimize.context import PassContext
 from fastdiff.optimize.passes import default_passes
 from fastdiff.optimize.report import OptimizeReport, PassReport, Verification, with_step_cache
-from fastdiff.testing.probe import unet_probe_inputs
+from fastdiff.unet_inputs import probe_inputs
 
 _TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
@@ -105,7 +105,7 @@ def _apply(unet, config: OptimizeConfig, passes) -> None:
     tolerance = config.tolerance or _TOLERANCE.get(param.dtype, 1e-2)
     probe = ref = None
     if config.verify:
-        probe = unet_probe_inputs(unet)
+        probe = probe_inputs(unet)
         probe_desc = f"{tuple(probe['sample'].shape)} {str(param.dtype).removeprefix('torch.')}"
         ref = _run_probe(unet, probe)
 

@@ -26,10 +26,9 @@ class _SDXLDecode:
             latents = latents.to(dtype)
             mean = getattr(vae.config, "latents_mean", None)
             std = getattr(vae.config, "latents_std", None)
-            if mean is not None and std is not None:
-                shape = (1, len(mean), 1, 1)
-                mean_t = torch.tensor(mean, dtype=dtype, device=latents.device).view(shape)
-                std_t = torch.tensor(std, dtype=dtype, device=latents.device).view(shape)
+            if mean is not None and std is not None:  # per-channel statistics, broadcast over (B, C, H, W)
+                mean_t = latents.new_tensor(mean).view(1, -1, 1, 1)
+                std_t = latents.new_tensor(std).view(1, -1, 1, 1)
                 latents = latents * std_t / vae.config.scaling_factor + mean_t
             else:
                 latents = latents / vae.config.scaling_factor
