@@ -56,19 +56,13 @@ def version_of(module: str) -> str | None:
 
 
 # Triton capability probes live with the kernels (which must not import fastdiff); one rule, re-exported.
-from fastdiff.kernels._device import (  # noqa: E402
-    triton_interpret,
-    triton_native,
-    triton_unusable_reason,
-    triton_usable,
-)
+from fastdiff.kernels._device import triton_native, triton_unusable_reason, triton_usable  # noqa: E402
 
 __all__ = [
     "MissingDependencyError",
     "cpu_model",
     "is_available",
     "require",
-    "triton_interpret",
     "triton_native",
     "triton_unusable_reason",
     "triton_usable",
