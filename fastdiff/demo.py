@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -224,16 +225,12 @@ def run_demo(prompts=DEFAULT_PROMPTS, out_dir="fastdiff-out", quick=False, seed=
             row.update({f"attr_{k}": s[k] for k in ("shape_colour", "bg_colour", "shape")})
         rows.append(row)
         images.append((f"{cfg.name}\n{row['unet_evals_per_image']:g} UNet evals\n{wall:.2f} s", imgs))
-    os.makedirs(out_dir, exist_ok=True)
-    _grid(images, prompts).save(os.path.join(out_dir, "demo.png"))
-    with open(os.path.join(out_dir, "demo.json"), "w") as f:
-        json.dump(
-            {"prompts": prompts, "seed": seed, "guidance_scale": ctx.guidance_scale, "rows": rows},
-            f,
-            indent=2,
-        )
-    with open(os.path.join(out_dir, "demo.md"), "w") as f:
-        f.write(_markdown(rows, prompts))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _grid(images, prompts).save(out / "demo.png")
+    summary = {"prompts": prompts, "seed": seed, "guidance_scale": ctx.guidance_scale, "rows": rows}
+    (out / "demo.json").write_text(json.dumps(summary, indent=2))
+    (out / "demo.md").write_text(_markdown(rows, prompts))
     return rows
 
 
@@ -279,8 +276,7 @@ def main(argv=None) -> int:
         p.error(problem)  # before any generation
     prompts = args.prompts or (list(DEFAULT_PROMPTS[:1]) if args.quick else list(DEFAULT_PROMPTS))
     rows = run_demo(prompts, args.out, quick=args.quick, seed=args.seed, only=args.only)
-    with open(os.path.join(args.out, "demo.md")) as f:
-        print(f.read())
+    print(Path(args.out, "demo.md").read_text())
     print(f"grid: {os.path.join(args.out, 'demo.png')}")
     return 0 if rows else 1
 
