@@ -182,12 +182,8 @@ def report(obj) -> OptimizeReport:
     unet = _resolve_unet(obj, "report")
     inst = installed.find(unet, "optimize")
     if inst is None:
-        return with_step_cache(
-            OptimizeReport(
-                passes=[PassReport("optimize", "not applied", reason="call fastdiff.optimize(obj) first")]
-            ),
-            unet,
-        )
+        not_applied = PassReport("optimize", "not applied", reason="call fastdiff.optimize(obj) first")
+        return with_step_cache(OptimizeReport(passes=[not_applied]), unet)
     for rep in inst.info["report"].passes:
         for path, _ in rep.changed:
             try:
