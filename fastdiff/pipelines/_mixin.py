@@ -179,7 +179,7 @@ class FastdiffPipelineMixin:
         options = dict(
             controller=plan.controller,
             generator=plan.generator,
-            step_kwargs=plan.step_kwargs,
+            step_kwargs={"eta": plan.kwargs.get("eta", 0.0)},
             stop_after=plan.preview_steps,
             on_rows_retired=self.fastdiff_on_rows_retired,
         )

@@ -168,10 +168,6 @@ class CallPlan:
     def generator(self):
         return self.kwargs.get("generator")
 
-    @property
-    def step_kwargs(self) -> dict:
-        return {"eta": self.kwargs.get("eta", 0.0)}
-
 
 def plan_call(
     args: tuple,
