@@ -14,8 +14,6 @@ diffusers, and ``fastdiff.tiny``, ``fastdiff.engines`` and the other
 subpackages are reachable as attributes without importing them first.
 """
 
-from __future__ import annotations
-
 from fastdiff import _lazy
 
 __version__ = "0.1.0"
@@ -77,5 +75,6 @@ __all__ = ["__version__", *_EXPORTS]
 import fastdiff.optimize  # noqa: E402, F401
 
 del optimize  # noqa: F821 - bound by the import system just above
+del fastdiff  # the same import bound the package to its own name: no `fastdiff.fastdiff` in dir() / completion
 
 __getattr__, __dir__ = _lazy.attach(__name__, globals(), _EXPORTS, _SUBMODULES)

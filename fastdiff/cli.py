@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fastdiff", description="fastdiff: faster Stable Diffusion inference"
     )
+    from fastdiff import __version__
+
+    parser.add_argument("--version", action="version", version=f"fastdiff {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="versions, device and usable backends")
     p_info.add_argument("--json", action="store_true", help="print JSON")

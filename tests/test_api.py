@@ -55,6 +55,14 @@ def test_subpackages_resolve_without_importing_them():
         fastdiff.nonexistent  # noqa: B018
 
 
+def test_completion_lists_the_public_api_only():
+    """dir(fastdiff) (tab completion in Jupyter) lists exports and subpackages, not import leftovers."""
+    code = "import fastdiff; print(' '.join(n for n in dir(fastdiff) if not n.startswith('_')))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    public = set(out.stdout.split())
+    assert public == set(fastdiff.__all__) - {"__version__"} | set(fastdiff._SUBMODULES)
+
+
 def test_optimize_name_stays_the_function_after_submodule_imports():
     import fastdiff.optimize.passes  # noqa: F401
 

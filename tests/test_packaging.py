@@ -74,6 +74,15 @@ def test_built_wheel_contains_fastdiff_kernels_only(tmp_path):
     assert str(target) in out.stdout
 
 
+def test_cli_version(capsys):
+    import fastdiff
+    from fastdiff.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"fastdiff {fastdiff.__version__}"
+
+
 def test_cli_info_json(capsys):
     import json
 
