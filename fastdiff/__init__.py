@@ -75,6 +75,7 @@ __all__ = ["__version__", *_EXPORTS]
 import fastdiff.optimize  # noqa: E402, F401
 
 del optimize  # noqa: F821 - bound by the import system just above
-del fastdiff  # the same import bound the package to its own name: no `fastdiff.fastdiff` in dir() / completion
+# the same import bound the package to its own name: no `fastdiff.fastdiff` in dir() / completion
+del fastdiff
 
 __getattr__, __dir__ = _lazy.attach(__name__, globals(), _EXPORTS, _SUBMODULES)
