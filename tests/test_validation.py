@@ -223,6 +223,15 @@ def test_refine_by_its_own_pipeline_twice_is_unchanged(pipe):
     np.testing.assert_array_equal(chained.images, a.images)
 
 
+def test_refine_reason_names_each_note_once(pipe):
+    """regression: refine() appended the run's notes to a reason that already held them."""
+    out = pipe("a red circle", steps="auto", preview_steps=2, output_type="latent")
+    note = out.fastdiff.notes[0]
+    assert note and out.fastdiff.reason.count(note) == 1
+    chained = pipe.refine(pipe.refine(out.fastdiff.state, preview_steps=1).fastdiff.state)
+    assert pipe.refine(out.fastdiff.state).fastdiff.reason == out.fastdiff.reason == chained.fastdiff.reason
+
+
 @pytest.mark.parametrize("command", ["demo", "demo --quick", "sweep"])
 @pytest.mark.parametrize("where", ["under a file", "/proc"])
 def test_cli_unwritable_out_fails_before_any_work(tmp_path, monkeypatch, capsys, command, where):

@@ -150,7 +150,7 @@ class FastdiffPipelineMixin:
             result = resume(state.sample_state.copy(), stop_after=preview_steps)
         timings = dict(state.record.timings)
         timings["denoise"] = timings.get("denoise", 0.0) + time.perf_counter() - t0
-        return self._fastdiff_finish(result, state.record.reason, timings, decode_kwargs)
+        return self._fastdiff_finish(result, state.reason, timings, decode_kwargs)
 
     # ------------------------------------------------------------------ the two paths
     def _fastdiff_passthrough(self, args, kwargs):
@@ -238,14 +238,13 @@ class FastdiffPipelineMixin:
             output = self._fastdiff_decode(result.latents, **decode_kwargs)
         timings["decode"] = time.perf_counter() - t0
         timings["total"] = sum(v for k, v in timings.items() if k in _TIMED)
-        if any(result.notes):
-            reason += " | " + " | ".join(dict.fromkeys(n for n in result.notes if n))
+        notes = " | ".join(dict.fromkeys(n for n in result.notes if n))
         record = FastdiffRecord(
             mode="fastdiff",
             nfe=result.nfe,
             steps=result.steps_run,
             num_steps=result.num_steps,
-            reason=reason,
+            reason=f"{reason} | {notes}" if notes else reason,
             timings=timings,
             stopped_early=result.stopped_early,
             nfe_per_sample=list(result.nfe_per_sample),
@@ -254,7 +253,9 @@ class FastdiffPipelineMixin:
             step_cache=finish_call(self, result.state),  # also re-arms the cache's rows hook
         )
         if result.state is not None:
-            record.state = RefineState(result.state, decode_kwargs, copy.copy(record), Producer.of(self))
+            record.state = RefineState(
+                result.state, decode_kwargs, copy.copy(record), Producer.of(self), reason=reason
+            )
         return self._fastdiff_attach(output, record)
 
     def _fastdiff_attach(self, output, record: FastdiffRecord):

@@ -63,6 +63,7 @@ class RefineState:
     decode_kwargs: dict
     record: FastdiffRecord
     producer: Producer | None = None
+    reason: str = ""  # the call's plan, before the run's notes (which the paused run carries on)
 
     def check_refiner(self, pipe) -> None:
         """Raise ValueError unless ``pipe`` is the pipeline, with the same U-Net and VAE, that made this state."""
