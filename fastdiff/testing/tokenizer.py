@@ -27,15 +27,30 @@ def _byte_alphabet() -> list[str]:
     Printable Latin-1 bytes stand for themselves; the rest are shifted past 255
     so that no byte maps to whitespace or a control character.
     """
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, shift = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + shift)
-            shift += 1
-    return [out[b] for b in range(256)]
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(shifted)) for b in range(256)]
+
+
+def merge_chains(words) -> list[tuple[str, str]]:
+    """Left-to-right merge chain of each word, in the given word order, without repeats."""
+    merges: dict[tuple[str, str], None] = {}  # an ordered set
+    for word in words:
+        left, *rest = list(word[:-1]) + [word[-1] + "</w>"]
+        for right in rest:
+            merges[left, right] = None
+            left += right
+    return list(merges)
+
+
+def _write(folder: str, name: str, text: str) -> None:
+    with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_merges(folder: str, merges) -> None:
+    """Write ``merges.txt``: one ``left right`` pair a line, the first merge ranked highest."""
+    _write(folder, "merges.txt", "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
 
 
 def build_clip_tokenizer(words=(), save_dir: str | None = None, model_max_length: int = 77) -> CLIPTokenizer:
@@ -50,53 +65,24 @@ def build_clip_tokenizer(words=(), save_dir: str | None = None, model_max_length
     if save_dir is None:
         with tempfile.TemporaryDirectory(prefix="fastdiff-tok-") as tmp:
             return build_clip_tokenizer(words, tmp, model_max_length)
-    vocab: dict[str, int] = {}
+    alphabet = _byte_alphabet()
+    merges = merge_chains(sorted({w.lower() for w in words if w}))
+    # every byte, every byte ending a word, every merge's result, the special tokens (ids in that order)
+    tokens = [*alphabet, *(ch + "</w>" for ch in alphabet), *(a + b for a, b in merges), *_SPECIAL]
+    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(tokens))}
 
-    def add(tok: str) -> None:
-        if tok not in vocab:
-            vocab[tok] = len(vocab)
-
-    for ch in _byte_alphabet():
-        add(ch)
-    for ch in _byte_alphabet():
-        add(ch + "</w>")
-    merges: list[tuple[str, str]] = []
-    seen = set()
-    for word in sorted({w.lower() for w in words if w}):
-        symbols = list(word[:-1]) + [word[-1] + "</w>"]
-        left = symbols[0]
-        for right in symbols[1:]:
-            pair = (left, right)
-            if pair not in seen:
-                seen.add(pair)
-                merges.append(pair)
-            left = left + right
-            add(left)
-        add(left)
-    for tok in _SPECIAL:
-        add(tok)
-
+    config = {
+        "model_max_length": model_max_length,
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "tokenizer_class": "CLIPTokenizer",
+    }
     os.makedirs(save_dir, exist_ok=True)
-    vocab_file = os.path.join(save_dir, "vocab.json")
-    merges_file = os.path.join(save_dir, "merges.txt")
-    with open(vocab_file, "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    with open(merges_file, "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n")
-        for a, b in merges:
-            f.write(f"{a} {b}\n")
-    with open(os.path.join(save_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "model_max_length": model_max_length,
-                "bos_token": "<|startoftext|>",
-                "eos_token": "<|endoftext|>",
-                "pad_token": "<|endoftext|>",
-                "unk_token": "<|endoftext|>",
-                "tokenizer_class": "CLIPTokenizer",
-            },
-            f,
-        )
+    _write(save_dir, "vocab.json", json.dumps(vocab, ensure_ascii=False))
+    write_merges(save_dir, merges)
+    _write(save_dir, "tokenizer_config.json", json.dumps(config))
     # from_pretrained on a local folder works across transformers 4.x and 5.x,
     # whose CLIPTokenizer constructors differ.
     return CLIPTokenizer.from_pretrained(save_dir, local_files_only=True)

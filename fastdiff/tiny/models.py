@@ -9,8 +9,6 @@ code path that handles SD handles this model too.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from fastdiff.tiny.data import IMAGE_SIZE, VOCAB
@@ -64,20 +62,6 @@ UNET_CONFIG = dict(
 )
 
 
-def _merge_chains(words) -> list[tuple[str, str]]:
-    """Left-to-right merge chain of each word, in the given word order, without repeats."""
-    merges, seen = [], set()
-    for word in words:
-        symbols = list(word[:-1]) + [word[-1] + "</w>"]
-        left = symbols[0]
-        for right in symbols[1:]:
-            if (left, right) not in seen:
-                seen.add((left, right))
-                merges.append((left, right))
-            left += right
-    return merges
-
-
 def _bpe_pieces(word: str, ranks: dict) -> int:
     """Number of tokens byte-pair encoding with merge `ranks` leaves `word` in."""
     symbols = list(word[:-1]) + [word[-1] + "</w>"]
@@ -104,7 +88,7 @@ def build_tokenizer(save_dir: str | None = None):
 
     from transformers import CLIPTokenizer
 
-    from fastdiff.testing.tokenizer import build_clip_tokenizer
+    from fastdiff.testing.tokenizer import build_clip_tokenizer, merge_chains, write_merges
 
     if save_dir is None:
         with tempfile.TemporaryDirectory(prefix="fastdiff-tiny-tok-") as tmp:
@@ -112,7 +96,7 @@ def build_tokenizer(save_dir: str | None = None):
     build_clip_tokenizer(VOCAB, save_dir=save_dir, model_max_length=MAX_TOKENS)
     order = sorted(set(VOCAB))
     for _ in range(100):
-        merges = _merge_chains(order)
+        merges = merge_chains(order)
         ranks = {m: r for r, m in enumerate(merges)}
         split = [w for w in order if _bpe_pieces(w, ranks) != 1]
         if not split:
@@ -120,13 +104,7 @@ def build_tokenizer(save_dir: str | None = None):
         order = split + [w for w in order if w not in split]
     else:
         raise RuntimeError(f"no merge order keeps {split} whole")
-    merges_file = os.path.join(save_dir, "merges.txt")
-    with open(merges_file, encoding="utf-8") as f:
-        built = {tuple(line.split()) for line in f.read().splitlines()[1:] if line}
-    if built != set(merges):
-        raise RuntimeError("tokenizer builder produced unexpected merges; cannot re-rank them")
-    with open(merges_file, "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    write_merges(save_dir, merges)  # the builder's merges (of sorted VOCAB), re-ranked
     tok = CLIPTokenizer.from_pretrained(save_dir, local_files_only=True)
     split = [w for w in VOCAB if len(tok(w, add_special_tokens=False).input_ids) != 1]
     if split:
