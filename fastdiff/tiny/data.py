@@ -21,7 +21,7 @@ Everything is deterministic given a seed.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -101,11 +101,9 @@ class Attributes:
 def parse_prompt(prompt: str) -> Attributes:
     """Inverse of :attr:`Attributes.prompt`; raises ValueError for prompts outside the grammar."""
     words = prompt.lower().split()
-    if len(words) == 7:
-        words = words[:5] + ["plain"] + words[5:]
-        say_plain = False
-    else:
-        say_plain = True
+    say_plain = len(words) != 7
+    if not say_plain:
+        words.insert(5, "plain")
     if len(words) != 8 or words[0] != "a" or words[3:5] != ["on", "a"] or words[7] != "background":
         raise ValueError(
             f"prompt {prompt!r} does not follow 'a <colour> <shape> on a [<texture>] <colour> background'"
@@ -123,15 +121,11 @@ def list_attributes(split: str = "train") -> list[Attributes]:
     """
     if split not in ("train", "heldout", "all"):
         raise ValueError(f"split must be 'train', 'heldout' or 'all', got {split!r}")
-    out = []
-    for sc, bc, shape, tex in itertools.product(COLOUR_NAMES, COLOUR_NAMES, SHAPES, TEXTURES):
-        if sc == bc:
-            continue
-        held = (sc, bc) in HELDOUT_PAIRS
-        if (split == "train" and held) or (split == "heldout" and not held):
-            continue
-        out.append(Attributes(shape, sc, bc, tex))
-    return out
+    return [
+        Attributes(shape, sc, bc, tex)
+        for sc, bc, shape, tex in itertools.product(COLOUR_NAMES, COLOUR_NAMES, SHAPES, TEXTURES)
+        if sc != bc and (split == "all" or ((sc, bc) in HELDOUT_PAIRS) == (split == "heldout"))
+    ]
 
 
 def sample_attributes(n: int, seed: int = 0, split: str = "train") -> list[Attributes]:
@@ -140,10 +134,7 @@ def sample_attributes(n: int, seed: int = 0, split: str = "train") -> list[Attri
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(pool), size=n)
     say = rng.random(n) < 0.5
-    return [
-        Attributes(a.shape, a.shape_colour, a.bg_colour, a.texture, say_plain=bool(s))
-        for a, s in zip((pool[i] for i in idx), say)
-    ]
+    return [replace(pool[i], say_plain=bool(s)) for i, s in zip(idx, say)]
 
 
 def list_prompts(split: str = "heldout", phrasing: str = "short") -> list[tuple[str, Attributes]]:
@@ -154,11 +145,8 @@ def list_prompts(split: str = "heldout", phrasing: str = "short") -> list[tuple[
     """
     if phrasing not in ("short", "long"):
         raise ValueError(f"phrasing must be 'short' or 'long', got {phrasing!r}")
-    out = []
-    for a in list_attributes(split):
-        a = Attributes(a.shape, a.shape_colour, a.bg_colour, a.texture, say_plain=phrasing == "long")
-        out.append((a.prompt, a))
-    return out
+    attrs = [replace(a, say_plain=phrasing == "long") for a in list_attributes(split)]
+    return [(a.prompt, a) for a in attrs]
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -199,12 +187,10 @@ def _background(texture: str, base: np.ndarray, rng: np.random.Generator, size: 
         cell = int(rng.integers(3, 5))  # 3-4 px checks
         off = rng.integers(0, cell, size=2)
         t = (((yy + off[0]) // cell + (xx + off[1]) // cell) % 2).astype(np.float32)
-    elif texture == "noisy":
+    else:  # "noisy" (Attributes admits no other texture)
         block = 2  # 2x2 px noise grains
         grains = rng.random((size // block + 1, size // block + 1)).astype(np.float32)
         t = np.repeat(np.repeat(grains, block, 0), block, 1)[:size, :size]
-    else:
-        raise ValueError(f"texture {texture!r} is not one of {TEXTURES}")
     return dark[None, None, :] + t[..., None] * (base - dark)[None, None, :]
 
 
