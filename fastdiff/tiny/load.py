@@ -8,6 +8,7 @@ import warnings
 import torch
 
 VARIANTS = ("base", "lcm")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _WEIGHTS_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
 
 #: fixed generation whose latents `reference.json` records (see :func:`reference_stats`)
@@ -44,50 +45,35 @@ def load_pipeline(
             float32 is the default for CPU). ``dtype`` is a ``torch.dtype`` or its name
             ("float32", "float16", "bfloat16").
     """
-    dtype = _as_dtype(dtype)
-    device = _as_device(device)
+    if isinstance(dtype, str):
+        dtype = _DTYPES.get(dtype.removeprefix("torch."), dtype)
+    if dtype not in _DTYPES.values():
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or the torch dtype), got {dtype!r}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device must be a torch device or its name such as 'cpu' or 'cuda', got {device!r}"
+        ) from err
     weights = weights_dir(variant, weights_root)
     from diffusers import StableDiffusionPipeline
     from diffusers.utils import logging as dlog
     from transformers.utils import logging as tlog
 
-    bars = dlog.is_progress_bar_enabled(), tlog.is_progress_bar_enabled()
-    dlog.disable_progress_bar()  # loading a 9 MB model needs no progress bars
-    tlog.disable_progress_bar()
+    # loading a 9 MB model needs no progress bars
+    shown = [log for log in (dlog, tlog) if log.is_progress_bar_enabled()]
+    for log in shown:
+        log.disable_progress_bar()
     try:
         with warnings.catch_warnings():
             # diffusers >= 0.36 prefers `dtype=`; `torch_dtype=` works on every supported version
             warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
             pipe = StableDiffusionPipeline.from_pretrained(weights, torch_dtype=dtype, local_files_only=True)
     finally:
-        if bars[0]:
-            dlog.enable_progress_bar()
-        if bars[1]:
-            tlog.enable_progress_bar()
+        for log in shown:
+            log.enable_progress_bar()
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
-
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _as_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.")
-        if name in _DTYPES:
-            return _DTYPES[name]
-    elif dtype in _DTYPES.values():
-        return dtype
-    raise ValueError(f"dtype must be one of {', '.join(_DTYPES)} (or the torch dtype), got {dtype!r}")
-
-
-def _as_device(device) -> torch.device:
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(
-            f"device must be a torch device or its name such as 'cpu' or 'cuda', got {device!r}"
-        ) from err
 
 
 @torch.no_grad()
