@@ -133,21 +133,20 @@ def _text_config(hidden: int, layers: int, heads: int, projection_dim: int | Non
     )
 
 
-def _vae(size: str, latent_scale: int) -> AutoencoderKL:
+def _vae(full: bool) -> AutoencoderKL:
     # The VAE only has to produce the right latent geometry: 4 channels and
     # the family's downscale factor (8 for full, 2 for tiny).
-    blocks = 4 if latent_scale == 8 else 2
-    chans = (32, 32, 64, 64)[:blocks] if size == "full" else (16, 32)
+    blocks = 4 if full else 2
     return AutoencoderKL(
         in_channels=3,
         out_channels=3,
         down_block_types=("DownEncoderBlock2D",) * blocks,
         up_block_types=("UpDecoderBlock2D",) * blocks,
-        block_out_channels=chans,
+        block_out_channels=(32, 32, 64, 64) if full else (16, 32),
         layers_per_block=1,
         latent_channels=4,
-        norm_num_groups=16 if size == "full" else 8,
-        sample_size=32 * latent_scale,
+        norm_num_groups=16 if full else 8,
+        sample_size=256 if full else 64,  # 32 latent pixels
     )
 
 
@@ -170,23 +169,20 @@ def tiny_pipeline(arch: str = "sd15", size: str = "tiny", seed: int = 0, dtype: 
         raise ValueError(f"unknown size {size!r}; valid: {', '.join(SIZES)}")
 
     torch.manual_seed(seed)
-    unet_cfg = dict((_FULL_UNETS if size == "full" else _TINY_UNETS)[arch])
+    full = size == "full"
+    unet_cfg = (_FULL_UNETS if full else _TINY_UNETS)[arch]
     unet = UNet2DConditionModel(in_channels=4, out_channels=4, **unet_cfg)
-    latent_scale = 8 if size == "full" else 2
-    vae = _vae(size, latent_scale)
-    tokenizer = build_clip_tokenizer(_VOCAB)
+    components = dict(
+        unet=unet, vae=_vae(full), tokenizer=build_clip_tokenizer(_VOCAB), scheduler=_scheduler(arch)
+    )
     cross = unet_cfg["cross_attention_dim"]
-    n_layers = 1 if size == "full" else 2
+    n_layers = 1 if full else 2
 
     if arch != "sdxl":
         heads = 12 if cross == 768 else (16 if cross == 1024 else 4)
-        text_encoder = CLIPTextModel(_text_config(cross, n_layers, heads))
         pipe = StableDiffusionPipeline(
-            unet=unet,
-            vae=vae,
-            text_encoder=text_encoder,
-            tokenizer=tokenizer,
-            scheduler=_scheduler(arch),
+            **components,
+            text_encoder=CLIPTextModel(_text_config(cross, n_layers, heads)),
             safety_checker=None,
             feature_extractor=None,
             requires_safety_checker=False,
@@ -195,7 +191,7 @@ def tiny_pipeline(arch: str = "sd15", size: str = "tiny", seed: int = 0, dtype: 
         # SDXL concatenates the penultimate states of two encoders (768 + 1280
         # in the full model) and feeds the second one's pooled projection,
         # with six size/crop ids, to the text_time embedding.
-        width_1 = 768 if size == "full" else 32
+        width_1 = 768 if full else 32
         width_2 = cross - width_1
         time_dim = unet_cfg["addition_time_embed_dim"]
         pooled_dim = unet_cfg["projection_class_embeddings_input_dim"] - 6 * time_dim
@@ -204,13 +200,10 @@ def tiny_pipeline(arch: str = "sd15", size: str = "tiny", seed: int = 0, dtype: 
             _text_config(width_2, n_layers, 4, projection_dim=pooled_dim)
         )
         pipe = StableDiffusionXLPipeline(
-            unet=unet,
-            vae=vae,
+            **components,
             text_encoder=text_encoder,
             text_encoder_2=text_encoder_2,
-            tokenizer=tokenizer,
             tokenizer_2=build_clip_tokenizer(_VOCAB),
-            scheduler=_scheduler(arch),
         )
     pipe.set_progress_bar_config(disable=True)
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
