@@ -91,12 +91,8 @@ def classify_shape(mask: np.ndarray) -> str | None:
     rows, cols = np.nonzero(blob)
     y0, y1, x0, x1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
     crop = blob[y0:y1, x0:x1]
-    best, best_iou = None, -1.0
-    for name, tmpl in _templates(*crop.shape).items():
-        iou = (crop & tmpl).sum() / max(1, (crop | tmpl).sum())
-        if iou > best_iou:
-            best, best_iou = name, iou
-    return best
+    iou = {name: (crop & t).sum() / max(1, (crop | t).sum()) for name, t in _templates(*crop.shape).items()}
+    return max(iou, key=iou.get)  # the first template on a tie
 
 
 def read_attributes(images) -> list[Reading]:
