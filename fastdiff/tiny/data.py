@@ -87,16 +87,6 @@ class Attributes:
     def heldout(self) -> bool:
         return (self.shape_colour, self.bg_colour) in HELDOUT_PAIRS
 
-    def as_dict(self) -> dict:
-        return {
-            "prompt": self.prompt,
-            "shape": self.shape,
-            "shape_colour": self.shape_colour,
-            "bg_colour": self.bg_colour,
-            "texture": self.texture,
-            "heldout": self.heldout,
-        }
-
 
 def parse_prompt(prompt: str) -> Attributes:
     """Inverse of :attr:`Attributes.prompt`; raises ValueError for prompts outside the grammar."""
