@@ -39,7 +39,7 @@ def export_weights(workdir: str, out: str, lcm_kwargs: dict, schedule: dict) -> 
     from diffusers import AutoencoderKL, LCMScheduler, PNDMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    from fastdiff.tiny.load import reference_stats
+    from fastdiff.tiny.load import VARIANTS, reference_stats
 
     vae = AutoencoderKL.from_pretrained(os.path.join(workdir, "vae")).half()
     text_encoder = CLIPTextModel.from_pretrained(os.path.join(workdir, "text_encoder"), dtype=torch.float32)
@@ -65,19 +65,17 @@ def export_weights(workdir: str, out: str, lcm_kwargs: dict, schedule: dict) -> 
             os.path.join(out, "lcm"), vae, text_encoder, tokenizer, student, LCMScheduler(**lcm_kwargs)
         )
 
-    # transformers 5 writes only tokenizer.json; the slow CLIPTokenizer of transformers 4.x needs
-    # vocab.json + merges.txt, so ship those too (they describe the same tokenizer)
-    for variant in ("base", "lcm"):
-        dest = os.path.join(out, variant, "tokenizer")
-        for name in ("vocab.json", "merges.txt"):
-            if os.path.isdir(dest) and not os.path.exists(os.path.join(dest, name)):
-                shutil.copy(os.path.join(workdir, "tokenizer", name), dest)
-
     stats_file = os.path.join(workdir, "vae_stats.json")
-    meta = json.load(open(stats_file)) if os.path.exists(stats_file) else {}
-    refs = {"training": meta}
-    for variant in ("base", "lcm"):
-        if os.path.isdir(os.path.join(out, variant)):
-            refs[variant] = reference_stats(variant, weights_root=out)
+    refs = {"training": json.load(open(stats_file)) if os.path.exists(stats_file) else {}}
+    for variant in VARIANTS:
+        folder = os.path.join(out, variant)
+        if not os.path.isdir(folder):
+            continue
+        # transformers 5 writes only tokenizer.json; the slow CLIPTokenizer of transformers 4.x needs
+        # vocab.json + merges.txt, so ship those too (they describe the same tokenizer)
+        for name in ("vocab.json", "merges.txt"):
+            if not os.path.exists(os.path.join(folder, "tokenizer", name)):
+                shutil.copy(os.path.join(workdir, "tokenizer", name), os.path.join(folder, "tokenizer"))
+        refs[variant] = reference_stats(variant, weights_root=out)
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump(refs, f, indent=1)
