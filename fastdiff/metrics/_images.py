@@ -28,10 +28,8 @@ def to_nchw(images) -> torch.Tensor:
             arr = arr[None]
         if arr.ndim != 4:
             raise ValueError(f"numpy images must be HW, HWC or NHWC, got shape {images.shape}")
-        arr = np.ascontiguousarray(arr)
-        if not arr.flags.writeable:  # e.g. np.asarray(PIL image); torch wants writable memory
-            arr = arr.copy()
-        t = torch.from_numpy(arr).permute(0, 3, 1, 2)
+        # a copy, as arr may be read-only (np.asarray of a PIL image)
+        t = torch.tensor(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)
     elif isinstance(images, torch.Tensor):
         t = images.detach().cpu()
         if t.ndim == 3:
