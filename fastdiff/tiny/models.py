@@ -62,50 +62,19 @@ UNET_CONFIG = dict(
 )
 
 
-def _bpe_pieces(word: str, ranks: dict) -> int:
-    """Number of tokens byte-pair encoding with merge `ranks` leaves `word` in."""
-    symbols = list(word[:-1]) + [word[-1] + "</w>"]
-    while len(symbols) > 1:
-        pairs = [(ranks.get((a, b), 1 << 30), i) for i, (a, b) in enumerate(zip(symbols, symbols[1:]))]
-        rank, i = min(pairs)
-        if rank == 1 << 30:
-            break
-        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
-    return len(symbols)
-
-
 def build_tokenizer(save_dir: str | None = None):
     """The local CLIP tokenizer: every data-set word is one token.
 
     BPE applies the lowest-ranked merge present anywhere in a word, so one word's
     merge can hijack another's chain ("p l" from "plain" splits "purple" into
     pur|pl|e). The builder's merges are therefore re-ranked (same merges, same
-    vocabulary) in a word order where no word is split, found by moving split
-    words to the front until none is; the result is checked before returning.
+    vocabulary, ``whole_words=True``) in a word order where no word is split; the
+    result is checked before returning.
     ``save_dir=None``: a temporary folder, removed once the tokenizer is loaded.
     """
-    import tempfile
+    from fastdiff.testing.tokenizer import build_clip_tokenizer
 
-    from transformers import CLIPTokenizer
-
-    from fastdiff.testing.tokenizer import build_clip_tokenizer, merge_chains, write_merges
-
-    if save_dir is None:
-        with tempfile.TemporaryDirectory(prefix="fastdiff-tiny-tok-") as tmp:
-            return build_tokenizer(tmp)
-    build_clip_tokenizer(VOCAB, save_dir=save_dir, model_max_length=MAX_TOKENS)
-    order = sorted(set(VOCAB))
-    for _ in range(100):
-        merges = merge_chains(order)
-        ranks = {m: r for r, m in enumerate(merges)}
-        split = [w for w in order if _bpe_pieces(w, ranks) != 1]
-        if not split:
-            break
-        order = split + [w for w in order if w not in split]
-    else:
-        raise RuntimeError(f"no merge order keeps {split} whole")
-    write_merges(save_dir, merges)  # the builder's merges (of sorted VOCAB), re-ranked
-    tok = CLIPTokenizer.from_pretrained(save_dir, local_files_only=True)
+    tok = build_clip_tokenizer(VOCAB, save_dir, model_max_length=MAX_TOKENS, whole_words=True)
     split = [w for w in VOCAB if len(tok(w, add_special_tokens=False).input_ids) != 1]
     if split:
         raise RuntimeError(f"words not single tokens: {split}")
