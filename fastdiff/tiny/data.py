@@ -114,7 +114,7 @@ def list_attributes(split: str = "train") -> list[Attributes]:
     return [
         Attributes(shape, sc, bc, tex)
         for sc, bc, shape, tex in itertools.product(COLOUR_NAMES, COLOUR_NAMES, SHAPES, TEXTURES)
-        if sc != bc and (split == "all" or ((sc, bc) in HELDOUT_PAIRS) == (split == "heldout"))
+        if sc != bc and split in ("all", "heldout" if (sc, bc) in HELDOUT_PAIRS else "train")
     ]
 
 
