@@ -25,8 +25,6 @@ import dataclasses
 
 import torch
 
-FLAT_NAMES = ("sample", "timestep", "encoder_hidden_states", "timestep_cond", "text_embeds", "time_ids")
-
 
 @dataclasses.dataclass(frozen=True)
 class UNetSignature:
@@ -128,8 +126,7 @@ class UNetSignature:
             inputs["text_embeds"] = torch.randn(batch, self.text_embeds_dim, generator=g)
             inputs["time_ids"] = torch.tensor(
                 [[height * 8.0, width * 8.0, 0.0, 0.0, height * 8.0, width * 8.0]]
-            ).expand(batch, -1)
-            inputs["time_ids"] = inputs["time_ids"].contiguous()
+            ).repeat(batch, 1)
         return inputs
 
 

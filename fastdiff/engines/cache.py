@@ -106,14 +106,13 @@ def library_versions(backend: str) -> dict[str, str | None]:
     from .. import __version__
     from .._compat import version_of
 
-    versions = {
+    return {
         "fastdiff": __version__,
         "torch": torch.__version__,
         "onnx": version_of("onnx"),
         "diffusers": version_of("diffusers"),
+        backend: version_of(backend),
     }
-    versions[backend] = version_of(backend)
-    return versions
 
 
 def make_key(parts: dict) -> str:
@@ -197,7 +196,7 @@ class EngineCache:
         path.mkdir(parents=True)
         return path
 
-    def commit(self, key: str, parts: dict, staging: Path, extra: dict | None = None) -> dict:
+    def commit(self, key: str, parts: dict, staging: Path) -> dict:
         """Hash the artifacts in ``staging``, write meta.json and move the entry into place."""
         paths = [p for p in sorted(staging.iterdir()) if p.is_file() and p.name != _META]
         with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1))) as pool:
@@ -213,7 +212,6 @@ class EngineCache:
             "parts": json.loads(json.dumps(parts, sort_keys=True, default=str)),
             "files": files,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **(extra or {}),
         }
         (staging / _META).write_text(json.dumps(meta, indent=2, sort_keys=True))
         entry = self.entry_dir(key)

@@ -22,8 +22,6 @@ import torch
 from ..unet_inputs import unet_signature
 from .records import DiskRecords, RecordSpill, open_records_file
 
-_RECORD_KEYS = ("sample", "timestep", "encoder_hidden_states", "timestep_cond", "text_embeds", "time_ids")
-
 
 @dataclasses.dataclass
 class CalibrationData:
@@ -67,10 +65,10 @@ class CalibrationData:
             held, kept = kept[-1:], kept[:-1]
         return self._take(kept), self._take(held)
 
-    def subset(self, max_records: int) -> CalibrationData:
-        """At most ``max_records`` records spread evenly over the sequence (hence over timesteps)."""
+    def subset(self, max_records: int | None) -> CalibrationData:
+        """At most ``max_records`` records spread evenly over the sequence (hence over timesteps); None: all."""
         n = len(self.records)
-        if max_records >= n:
+        if max_records is None or max_records >= n:
             return self
         idx = sorted({round(i * (n - 1) / max(max_records - 1, 1)) for i in range(max_records)})
         return self._take(idx)
@@ -108,15 +106,6 @@ class CalibrationData:
             meta_file = Path(path) / "meta.json"
             meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
             return cls(DiskRecords.from_dir(path), meta)
-        if lazy:
-            with open_records_file(path) as f:
-                meta_raw = (f.metadata() or {}).get("fastdiff_calibration")
-            if meta_raw is None:
-                raise ValueError(
-                    f"{path} is not a fastdiff calibration file (no 'fastdiff_calibration' metadata)"
-                )
-            return cls(DiskRecords.from_file(path), json.loads(meta_raw))
-
         records: dict[int, dict[str, torch.Tensor]] = {}
         with open_records_file(path) as f:
             meta_raw = (f.metadata() or {}).get("fastdiff_calibration")
@@ -124,23 +113,13 @@ class CalibrationData:
                 raise ValueError(
                     f"{path} is not a fastdiff calibration file (no 'fastdiff_calibration' metadata)"
                 )
-            for key in f.keys():
-                index, name = key.split(".", 1)
-                records.setdefault(int(index), {})[name] = f.get_tensor(key)
+            if not lazy:
+                for key in f.keys():
+                    index, name = key.split(".", 1)
+                    records.setdefault(int(index), {})[name] = f.get_tensor(key)
+        if lazy:
+            return cls(DiskRecords.from_file(path), json.loads(meta_raw))
         return cls([records[i] for i in sorted(records)], json.loads(meta_raw))
-
-
-def _flat_inputs(signature, bound: inspect.BoundArguments) -> dict[str, torch.Tensor]:
-    """One U-Net call's arguments as flat, batch-first CPU float32 copies."""
-    args = bound.arguments
-    flat = signature.to_flat(
-        args["sample"],
-        args["timestep"],
-        args["encoder_hidden_states"],
-        timestep_cond=args.get("timestep_cond"),
-        added_cond_kwargs=args.get("added_cond_kwargs"),
-    )
-    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in flat.items()}
 
 
 class UNetInputRecorder:
@@ -155,8 +134,17 @@ class UNetInputRecorder:
         self._handle = None
 
     def _hook(self, module, args, kwargs):
-        bound = self._signature.bind(*args, **kwargs)
-        (self._spill or self._kept).append(_flat_inputs(self._flat, bound))
+        """Records the call's arguments as flat, batch-first CPU float32 copies."""
+        call = self._signature.bind(*args, **kwargs).arguments
+        flat = self._flat.to_flat(
+            call["sample"],
+            call["timestep"],
+            call["encoder_hidden_states"],
+            timestep_cond=call.get("timestep_cond"),
+            added_cond_kwargs=call.get("added_cond_kwargs"),
+        )
+        copies = {k: v.detach().to("cpu", torch.float32).clone() for k, v in flat.items()}
+        (self._spill or self._kept).append(copies)
 
     @property
     def records(self):

@@ -66,19 +66,14 @@ def check_gate(quality: dict, min_snr_db: float | None, min_cosine: float | None
 @torch.no_grad()
 def measure_quality(unet: torch.nn.Module, runner, inputs) -> dict:
     """Compare ``runner`` with the PyTorch ``unet`` (float32) on every record of ``inputs``."""
-    device = next(unet.parameters()).device
-    dtype = next(unet.parameters()).dtype
+    param = next(unet.parameters())
+    cast = ("sample", "encoder_hidden_states", "text_embeds")  # to the U-Net's dtype; the rest as recorded
     outs, refs = [], []
     signature = unet_signature(unet)
     for record in inputs:
         out = runner(record).float().cpu()
-        kwargs = signature.from_flat({k: v.to(device) for k, v in record.items()})
-        kwargs = {
-            k: v.to(dtype) if k in ("sample", "encoder_hidden_states") else v for k, v in kwargs.items()
-        }
-        if kwargs["added_cond_kwargs"] is not None:
-            kwargs["added_cond_kwargs"]["text_embeds"] = kwargs["added_cond_kwargs"]["text_embeds"].to(dtype)
-        ref = unet(**kwargs, return_dict=False)[0]
+        flat = {k: v.to(param.device, param.dtype if k in cast else v.dtype) for k, v in record.items()}
+        ref = unet(**signature.from_flat(flat), return_dict=False)[0]
         outs.append(out)
         refs.append(ref.float().cpu())
     return compare_outputs(outs, refs)
