@@ -19,6 +19,8 @@ weights exceed the 2 GB protobuf limit are written with one external data file.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import shutil
 import tempfile
@@ -85,6 +87,26 @@ def _dynamic_axes(signature: UNetSignature, dynamic: Sequence[str]) -> dict[str,
         if name == "encoder_hidden_states" and "sequence" in dynamic:
             axes[name][1] = "sequence"
     return {k: v for k, v in axes.items() if v}
+
+
+@contextlib.contextmanager
+def tracing(unet: nn.Module, dtype: torch.dtype = torch.float32):
+    """Yields ``(module, copied)`` to trace: ``unet`` itself when it is a ``dtype`` CPU module (in eval
+    mode until the block ends, then its training flag is restored), else a ``dtype`` CPU copy (the
+    caller's module stays untouched). Gradients are off and the tracer's warnings silenced inside."""
+    param = next(unet.parameters())
+    copied = param.device.type != "cpu" or param.dtype != dtype
+    module = copy.deepcopy(unet).to("cpu", dtype) if copied else unet
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # the tracer's own warnings and torch.jit.trace's deprecation notice
+            for category in (torch.jit.TracerWarning, DeprecationWarning, FutureWarning):
+                warnings.simplefilter("ignore", category=category)
+            yield module, copied
+    finally:
+        module.train(was_training)
 
 
 def parameter_bytes(module: nn.Module) -> int:
@@ -154,56 +176,38 @@ def export_onnx(
     batch, _, height, width = (int(s) for s in sample_shape)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-
-    # Export a float32 CPU copy only if needed: the caller's module stays untouched.
-    original_param = next(unet.parameters())
-    moved = original_param.device.type != "cpu" or original_param.dtype != dtype
-    if moved:
-        import copy
-
-        unet = copy.deepcopy(unet).to("cpu", dtype)
-    was_training = unet.training
-    unet.eval()
-    wrapper = FlatUNet(unet, signature)
     gen = torch.Generator().manual_seed(0)
     inputs = signature.example_inputs(batch, height, width, sequence_length, generator=gen)
     inputs = {k: v if k in FLOAT32_INPUTS else v.to(dtype) for k, v in inputs.items()}
-    if external_data is None:
-        external_data = parameter_bytes(unet) > _PROTOBUF_LIMIT_BYTES
-    elif not external_data and parameter_bytes(unet) > _PROTOBUF_LIMIT_BYTES:
-        raise ValueError(
-            f"external_data=False, but the weights take {parameter_bytes(unet) / 2**30:.1f} GiB and one ONNX "
-            "file holds at most 2 GiB: pass external_data=True or None"
-        )
 
-    try:
-        with tempfile.TemporaryDirectory(prefix="fastdiff-export-") as tmp:
-            # Export into a scratch directory: the TorchScript exporter writes one file per tensor
-            # for big models; we consolidate them into a single side file below.
-            raw = Path(tmp) / "raw.onnx"
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-                warnings.simplefilter("ignore", category=DeprecationWarning)
-                warnings.simplefilter("ignore", category=FutureWarning)
-                torch.onnx.export(
-                    wrapper,
-                    tuple(inputs[n] for n in signature.input_names),
-                    str(raw),
-                    dynamo=False,
-                    opset_version=int(opset),
-                    input_names=list(signature.input_names),
-                    output_names=[OUTPUT_NAME],
-                    dynamic_axes=_dynamic_axes(signature, dynamic),
-                    do_constant_folding=True,
-                )
-            _remove_stale(path)
-            if external_data:
-                consolidate_onnx(raw, path)
-            else:
-                shutil.move(str(raw), str(path))
-    finally:
-        if not moved and was_training:
-            unet.train()
+    with tracing(unet, dtype) as (module, _), tempfile.TemporaryDirectory(prefix="fastdiff-export-") as tmp:
+        weight_bytes = parameter_bytes(module)
+        if external_data is None:
+            external_data = weight_bytes > _PROTOBUF_LIMIT_BYTES
+        elif not external_data and weight_bytes > _PROTOBUF_LIMIT_BYTES:
+            raise ValueError(
+                f"external_data=False, but the weights take {weight_bytes / 2**30:.1f} GiB and one ONNX "
+                "file holds at most 2 GiB: pass external_data=True or None"
+            )
+        # Export into a scratch directory: the TorchScript exporter writes one file per tensor
+        # for big models; we consolidate them into a single side file below.
+        raw = Path(tmp) / "raw.onnx"
+        torch.onnx.export(
+            FlatUNet(module, signature),
+            tuple(inputs[n] for n in signature.input_names),
+            str(raw),
+            dynamo=False,
+            opset_version=int(opset),
+            input_names=list(signature.input_names),
+            output_names=[OUTPUT_NAME],
+            dynamic_axes=_dynamic_axes(signature, dynamic),
+            do_constant_folding=True,
+        )
+        remove_model(path)
+        if external_data:
+            consolidate_onnx(raw, path)
+        else:
+            shutil.move(str(raw), str(path))
     if check:
         # The path form handles external data and models above 2 GB.
         onnx.checker.check_model(str(path))
@@ -223,13 +227,13 @@ def consolidate_onnx(src: Path, dst: Path, size_threshold: int = 1024) -> Path:
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     src, dst = Path(src), Path(dst)
-    location = dst.name + ".data"
+    location = data_file(dst).name
     if src.resolve() == dst.resolve():
         raise ValueError(
             f"consolidate_onnx writes a new model beside the old one: dst must not be src ({src})"
         )
     model = onnx.load(str(src), load_external_data=False)
-    with open(dst.with_name(location), "wb") as out:
+    with open(data_file(dst), "wb") as out:
         for tensor, initializer in _all_tensors(model.graph):
             if uses_external_data(tensor):
                 info = ExternalDataInfo(tensor)
@@ -266,7 +270,14 @@ def _all_tensors(graph):
                 yield from _all_tensors(g)
 
 
-def _remove_stale(path: Path) -> None:
-    for p in (path, path.with_name(path.name + ".data")):
+def data_file(model_path: Path) -> Path:
+    """Where an ONNX model's external data lives: ``<name>.data`` beside it (see :func:`consolidate_onnx`)."""
+    return model_path.with_name(model_path.name + ".data")
+
+
+def remove_model(path: Path) -> None:
+    """Delete the model at ``path`` and its data file, where they exist. Writing over them is not enough:
+    onnx appends to an existing data file (offsets stay right, the file grows)."""
+    for p in (path, data_file(path)):
         if p.exists():
             p.unlink() if p.is_file() else shutil.rmtree(p)

@@ -37,6 +37,15 @@ import numpy as np
 HISTOGRAM_METHODS = ("percentile", "entropy")
 
 
+def record_feed(record: Mapping, names: Sequence[str], dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The inputs ``names`` of a calibration record as numpy arrays of ``dtypes`` (default float32; a
+    copy only where the dtype differs), or a ValueError naming those the record lacks."""
+    missing = [n for n in names if n not in record]
+    if missing:
+        raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(record)}")
+    return {n: np.asarray(record[n].numpy(), dtype=dtypes.get(n, "float32")) for n in names}
+
+
 def tensors_to_calibrate(model, op_types: Sequence[str]) -> list[str]:
     """The tensors ORT's calibrator would calibrate in ``model`` (shape-inferred), in node order."""
     from onnxruntime.quantization.calibrate import CalibraterBase
@@ -200,8 +209,7 @@ def pruned_graph(model, outputs: Sequence[str]):
         [value_infos[n] for n in outputs],
         initializer=[t for t in graph.initializer if t.name in used],
     )
-    pruned = onnx.helper.make_model(new, opset_imports=model.opset_import, ir_version=model.ir_version)
-    return pruned
+    return onnx.helper.make_model(new, opset_imports=model.opset_import, ir_version=model.ir_version)
 
 
 def histogram_ranges(
@@ -302,10 +310,7 @@ def histogram_ranges(
                 part.unlink()
             feeds = [i.name for i in session.get_inputs()]
             for record in records:
-                missing = [n for n in feeds if n not in record]
-                if missing:
-                    raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(record)}")
-                feed = {n: np.asarray(record[n].numpy(), dtype=dtypes.get(n, "float32")) for n in feeds}
+                feed = record_feed(record, feeds, dtypes)
                 # One sample at a time: the transient intermediates (attention scores, 1 GB per sample
                 # at 512^2) shrink with the batch, while the outputs of all samples are collected
                 # together, so each tensor's histogram sees the record's values in one call, as ORT's.

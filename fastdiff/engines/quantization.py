@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from .calibration import CalibrationData
-from .ort_calibration import HISTOGRAM_METHODS, histogram_ranges
+from .export import data_file, remove_model
+from .ort_calibration import HISTOGRAM_METHODS, histogram_ranges, record_feed
 
 LEVELS: dict[str, frozenset[str]] = {
     "conv": frozenset({"conv"}),
@@ -63,7 +64,6 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
     r"^/(unet/)?conv_in/",
     r"^/(unet/)?conv_out/",
 )
-METHODS = ("percentile", "entropy", "minmax")
 _QUANTISABLE_OPS = ("Conv", "MatMul", "Gemm")
 
 _CATEGORY_PATTERNS = (
@@ -177,13 +177,11 @@ class _Reader:
 
         class Reader(CalibrationDataReader):
             def __init__(self):
-                self._range = range(len(records))
-                self._pos = iter(self._range)
+                self._pos = iter(range(len(records)))
                 self.bar = None  # records fed, per pass over them (ORT may read them more than once)
 
             def set_range(self, start_index: int, end_index: int):
-                self._range = range(start_index, min(end_index, len(records)))
-                self._pos = iter(self._range)
+                self._pos = iter(range(start_index, min(end_index, len(records))))
 
             def get_next(self):
                 i = next(self._pos, None)
@@ -199,10 +197,7 @@ class _Reader:
                 elif self.bar.n >= self.bar.total:
                     self.bar.reset()
                 self.bar.update()
-                missing = [n for n in input_names if n not in r]
-                if missing:
-                    raise ValueError(f"calibration record lacks inputs {missing}; it has {sorted(r)}")
-                return {n: r[n].numpy().astype(dtypes.get(n, "float32"), copy=False) for n in input_names}
+                return record_feed(r, input_names, dtypes)
 
             def __len__(self):
                 return len(records)
@@ -210,25 +205,22 @@ class _Reader:
         return Reader()
 
 
-def _graph_input_names(path) -> list[str]:
-    model = _load_graph(path)
-    inits = {i.name for i in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in inits]
-
-
 def _graph_input_dtypes(path) -> dict[str, str]:
-    """numpy dtype name of every graph input (records are float32; an fp16 export takes float16)."""
+    """Graph input (not an initializer) -> its numpy dtype name (records are float32; an fp16 export
+    takes float16)."""
     import onnx
 
     model = _load_graph(path)
+    inits = {i.name for i in model.graph.initializer}
     return {
         i.name: "float16" if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else "float32"
         for i in model.graph.input
+        if i.name not in inits
     }
 
 
-def _has_external_data(path: Path) -> bool:
-    return path.with_name(path.name + ".data").exists()
+def _graph_input_names(path) -> list[str]:
+    return list(_graph_input_dtypes(path))
 
 
 def preprocess(onnx_path: str | os.PathLike, out_path: str | os.PathLike) -> Path:
@@ -244,16 +236,15 @@ def preprocess(onnx_path: str | os.PathLike, out_path: str | os.PathLike) -> Pat
     import onnxruntime
 
     onnx_path, out_path = Path(onnx_path), Path(out_path)
-    for stale in (out_path, out_path.with_name(out_path.name + ".data")):
-        stale.unlink(missing_ok=True)
+    remove_model(out_path)
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(out_path)
     options.enable_cpu_mem_arena = False
     options.add_session_config_entry("session.disable_prepacking", "1")
-    if _has_external_data(onnx_path):
+    if data_file(onnx_path).exists():
         options.add_session_config_entry(
-            "session.optimized_model_external_initializers_file_name", out_path.name + ".data"
+            "session.optimized_model_external_initializers_file_name", data_file(out_path).name
         )
         options.add_session_config_entry(
             "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
@@ -349,11 +340,10 @@ def quantize(
             f"out_path must differ from onnx_path ({onnx_path}): the float model would be overwritten"
         )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    external = _has_external_data(onnx_path)
+    external = data_file(onnx_path).exists()
     if reduce_range is None:
         reduce_range = default_reduce_range(activation_type)
-    if max_calibration_records is not None:
-        calibration = calibration.subset(max_calibration_records)
+    calibration = calibration.subset(max_calibration_records)
 
     with tempfile.TemporaryDirectory(prefix="fastdiff-quant-") as tmp:
         pre = preprocess(onnx_path, Path(tmp) / "pre.onnx")
@@ -376,7 +366,8 @@ def quantize(
         }
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
-        reader = _Reader(calibration, _graph_input_names(graph), _graph_input_dtypes(graph))
+        inputs = _graph_input_dtypes(graph)
+        reader = _Reader(calibration, list(inputs), inputs)
         if calibration_cache is not None and Path(calibration_cache).is_file():
             _check_cache_covers(calibration_cache, activation_tensors(graph, chosen))
         elif method in HISTOGRAM_METHODS:
@@ -386,13 +377,13 @@ def quantize(
             ranges = histogram_ranges(
                 pre,
                 calibration.records,
-                _graph_input_names(graph),
+                list(inputs),
                 op_types=list(_QUANTISABLE_OPS),
                 method=method,
                 symmetric=extra["CalibTensorRangeSymmetric"],
                 percentile=percentile,
                 memory_gb=calibration_memory_gb,
-                dtypes=_graph_input_dtypes(graph),
+                dtypes=inputs,
                 tensors=activation_tensors(graph) | activation_tensors(graph, chosen),
                 weights=weights,
             )
@@ -400,10 +391,9 @@ def quantize(
                 Path(calibration_cache) if calibration_cache is not None else Path(tmp) / "ranges.json"
             )
             save_tensors_data(ranges, calibration_cache)
-        # onnx appends to an existing data file (offsets stay right, the file grows): the sensitivity
-        # sweep rewrote one path per group and filled the disk with 3.4 GB per group at 256^2.
-        for stale in (out_path, out_path.with_name(out_path.name + ".data")):
-            stale.unlink(missing_ok=True)
+        # The sensitivity sweep rewrote one path per group and, appending to its data file, filled the
+        # disk with 3.4 GB per group at 256^2.
+        remove_model(out_path)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
                 quantize_static(
@@ -489,6 +479,6 @@ def quantised_node_names(model_or_path) -> set[str]:
             continue
         weight_src = producers.get(node.input[1])
         is_weighted = node.input[1] in inits or (weight_src is not None and weight_src.input[0] in inits)
-        if (from_dq(node.input[1]) and from_dq(node.input[0])) if not is_weighted else from_dq(node.input[1]):
+        if from_dq(node.input[1]) and (is_weighted or from_dq(node.input[0])):
             out.add(node.name)
     return out

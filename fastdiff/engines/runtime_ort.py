@@ -12,15 +12,6 @@ from .._compat import require
 from .runtime_common import check_threads, numpy_feed
 
 
-def _session_options(ort, threads: int | None):
-    opts = ort.SessionOptions()
-    # ORT_ENABLE_ALL fuses Q/DQ pairs around Conv/MatMul into QLinearConv / MatMulInteger kernels.
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads is not None:
-        opts.intra_op_num_threads = threads
-    return opts
-
-
 class OrtRunner:
     """Runs the flat-signature ONNX U-Net; takes and returns torch tensors.
 
@@ -47,9 +38,12 @@ class OrtRunner:
             raise ValueError(
                 f"ONNX Runtime providers {missing} are not available here; available: {available}"
             )
-        self.session = ort.InferenceSession(
-            str(self.path), sess_options=_session_options(ort, threads), providers=providers
-        )
+        options = ort.SessionOptions()
+        # ORT_ENABLE_ALL fuses Q/DQ pairs around Conv/MatMul into QLinearConv / MatMulInteger kernels.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(self.path), sess_options=options, providers=providers)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_name = self.session.get_outputs()[0].name
 
