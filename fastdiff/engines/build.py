@@ -18,6 +18,8 @@ from .config import ExportConfig, QuantConfig, RuntimeConfig
 
 ARTIFACT = {"onnxruntime": "engine.onnx", "tensorrt": "engine.plan", "openvino": "engine.xml"}
 QUANTISED = ("int8", "mixed")  # precisions that need calibration
+# Layers that stayed in high precision in a mixed/int8 OpenVINO build (an artifact of its cache entry).
+LAYERS_FILE = "layers.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,32 +48,28 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
     bar = tqdm(total=len(stages), desc=f"fastdiff {backend}/{precision}", unit="stage", leave=False)
     with bar, tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
         tmp = Path(tmp)
+        model = fp_path = None  # OpenVINO builds from one of them
         if direct:
-            from .openvino_build import build_openvino, convert_pytorch
+            from .openvino_build import convert_pytorch
 
             bar.set_postfix_str("convert")
             model = convert_pytorch(unet, signature, spec.export)  # shares the U-Net's weights: no copy held
-            bar.update()
-            bar.set_postfix_str("quantise + build" if precision in QUANTISED else "build")
-            build_openvino(None, entry / ARTIFACT[backend], precision, calib_part, spec, model=model)
-            bar.update(bar.total - bar.n)
-            return
-        bar.set_postfix_str("export")
-        # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
-        # unquantised layers run in fp32. An fp16 export's Q/DQ pass selects no node yet.
-        onnx_dtype = torch.float16 if precision == "fp16" else torch.float32
-        fp_path = _export.export_onnx(
-            unet,
-            tmp / "unet.onnx",
-            opset=spec.export.opset,
-            dynamic=spec.export.dynamic,
-            # TensorRT keeps the config's size: its export was never run on a GPU with another one.
-            sample_shape=_export.trace_shape(signature, spec.export)
-            if backend in ("openvino", "onnxruntime")
-            else spec.export.sample_shape,
-            sequence_length=spec.export.sequence_length,
-            dtype=onnx_dtype,
-        )
+        else:
+            bar.set_postfix_str("export")
+            # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
+            # unquantised layers run in fp32. An fp16 export's Q/DQ pass selects no node yet.
+            fp_path = _export.export_onnx(
+                unet,
+                tmp / "unet.onnx",
+                opset=spec.export.opset,
+                dynamic=spec.export.dynamic,
+                # TensorRT keeps the config's size: its export was never run on a GPU with another one.
+                sample_shape=_export.trace_shape(signature, spec.export)
+                if backend in ("openvino", "onnxruntime")
+                else spec.export.sample_shape,
+                sequence_length=spec.export.sequence_length,
+                dtype=torch.float16 if precision == "fp16" else torch.float32,
+            )
         bar.update()
         model_path = fp_path
         if precision == "int8" and backend != "openvino":
@@ -99,7 +97,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
         elif backend == "openvino":
             from .openvino_build import build_openvino
 
-            build_openvino(fp_path, entry / ARTIFACT[backend], precision, calib_part, spec)
+            build_openvino(fp_path, entry / ARTIFACT[backend], precision, calib_part, spec, model=model)
         else:
             from . import runtime_trt
 
@@ -121,7 +119,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
 
 def move_onnx(src: Path, dst: Path) -> None:
     """Move a model and its external data file, rewriting the data location to the new name."""
-    if not src.with_name(src.name + ".data").exists():
+    if not _export.data_file(src).exists():
         shutil.move(str(src), str(dst))
         return
     _export.consolidate_onnx(src, dst)

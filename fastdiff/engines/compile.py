@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
+from .._compat import require
 from . import export as _export
 from . import quantization as _quantize
-from .build import ARTIFACT, QUANTISED, BuildSpec, build
+from .build import ARTIFACT, LAYERS_FILE, QUANTISED, BuildSpec, build
 from .cache import EngineCache, check_verify, config_for_key, library_versions, make_key, weights_fingerprint
 from .calibration import CalibrationData, synthetic_inputs
 from .config import ExportConfig, GateConfig, QuantConfig, RuntimeConfig
@@ -31,8 +32,6 @@ PRECISIONS = {
     "tensorrt": ("fp32", "fp16", "int8"),
     "openvino": ("fp32", "bf16", "int8", "mixed", "auto"),
 }
-# Layers that stayed in high precision in a mixed/int8 OpenVINO build (an artifact of its cache entry).
-_LAYERS_FILE = "layers.json"  # = openvino_build.LAYERS_FILE
 
 
 def _resolve(pipe_or_unet):
@@ -134,13 +133,9 @@ def compile_engine(
 
             return compile_auto(compile_engine, locals())
     elif backend == "tensorrt":
-        from .._compat import require
-
         require("tensorrt", "TensorRT engines")
         from . import runtime_trt
     else:
-        from .._compat import require
-
         require("onnxruntime", "ONNX Runtime engines")
     pipe, unet = _resolve(pipe_or_unet)
     signature = _export.unet_signature(unet)
@@ -263,7 +258,8 @@ def compile_engine(
             from .runtime_ort import OrtRunner
 
             runner = OrtRunner(artifact, threads=runtime.threads)
-        layers_info = _read_layers(entry)
+        layers_file = entry / LAYERS_FILE
+        layers_info = json.loads(layers_file.read_text()) if layers_file.is_file() else {}
     finally:
         # Without the cache the build folder holds the whole model: the runner has loaded it, so go.
         if tmp_root is not None:
@@ -335,7 +331,3 @@ def _install(pipe, engine: EngineUNet) -> None:
 
     pipe.unet = engine
     installed.record(pipe, "engine", undo, backend=engine.backend, precision=engine.precision)
-
-
-def _read_layers(entry: Path) -> dict:
-    return json.loads((entry / _LAYERS_FILE).read_text()) if (entry / _LAYERS_FILE).is_file() else {}

@@ -61,22 +61,17 @@ class QuantConfig:
             raise ValueError(
                 f"QuantConfig.calibration_memory_gb must be a positive number, got {self.calibration_memory_gb!r}"
             )
-        if self.bias_correction not in BIAS_CORRECTIONS:
-            raise ValueError(
-                f"QuantConfig.bias_correction must be one of {list(BIAS_CORRECTIONS)}, "
-                f"got {self.bias_correction!r}"
-            )
-        if self.statistics_hint not in STATISTICS_HINTS:
-            raise ValueError(
-                f"QuantConfig.statistics_hint must be one of {list(STATISTICS_HINTS)}, got {self.statistics_hint!r}"
-            )
-        if self.overflow_fix not in ("auto", *OVERFLOW_FIXES):
-            raise ValueError(
-                f"QuantConfig.overflow_fix must be one of {['auto', *OVERFLOW_FIXES]}, got {self.overflow_fix!r}"
-            )
-        if isinstance(self.exclude, str):
-            object.__setattr__(self, "exclude", (self.exclude,))
-        object.__setattr__(self, "exclude", tuple(self.exclude))
+        for name, valid in (
+            ("bias_correction", BIAS_CORRECTIONS),
+            ("statistics_hint", STATISTICS_HINTS),
+            ("overflow_fix", ("auto", *OVERFLOW_FIXES)),
+        ):
+            if getattr(self, name) not in valid:
+                raise ValueError(
+                    f"QuantConfig.{name} must be one of {list(valid)}, got {getattr(self, name)!r}"
+                )
+        exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
+        object.__setattr__(self, "exclude", exclude)
 
 
 @dataclasses.dataclass(frozen=True)

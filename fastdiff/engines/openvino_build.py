@@ -17,26 +17,22 @@ spatial axis stays dynamic (:func:`fastdiff.engines.export.trace_shape`).
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import os
 import statistics
-import warnings
 from pathlib import Path
 from time import perf_counter
 
 import torch
 
 from . import ov_sensitivity, runtime_ov
+from .build import LAYERS_FILE, QUANTISED
 from .cache import _write_json, cache_root, make_key
 from .config import QuantConfig
-from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape
+from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape, tracing
 from .mapped import weight_files
 from .quality import QualityGateError
-
-QUANTISED = ("int8", "mixed")
-LAYERS_FILE = "layers.json"
 
 
 def openvino_source(export) -> str:
@@ -53,10 +49,6 @@ def convert_pytorch(unet: torch.nn.Module, signature, export):
     CPU copy whose weights the model owns.
     """
     ov = runtime_ov.require_openvino()
-    param = next(unet.parameters())
-    moved = param.device.type != "cpu" or param.dtype != torch.float32
-    if moved:
-        unet = copy.deepcopy(unet).to("cpu", torch.float32)
     batch, _, height, width = trace_shape(signature, export)
     if batch < 1 or height < 1 or width < 1:
         raise ValueError(f"ExportConfig.sample_shape must be positive, got {export.sample_shape}")
@@ -69,20 +61,11 @@ def convert_pytorch(unet: torch.nn.Module, signature, export):
         ov.PartialShape([-1 if i in axes.get(n, {}) else d for i, d in enumerate(example[n].shape)])
         for n in names
     ]
-    was_training = unet.training
-    unet.eval()
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-            # torch.jit.trace's deprecation warning, silenced as in export_onnx
-            warnings.simplefilter("ignore", category=DeprecationWarning)
-            model = ov.convert_model(
-                _decoder(FlatUNet(unet, signature), tuple(example[n] for n in names), shared=not moved),
-                input=shapes,
-            )
-    finally:
-        if was_training and not moved:
-            unet.train()
+    with tracing(unet) as (module, copied):
+        model = ov.convert_model(
+            _decoder(FlatUNet(module, signature), tuple(example[n] for n in names), shared=not copied),
+            input=shapes,
+        )
     for name, p in zip(names, model.get_parameters()):
         p.set_friendly_name(name)
         p.output(0).get_tensor().set_names({name})
@@ -123,9 +106,7 @@ def build_openvino(
         del model
         model = runtime_ov.require_openvino().Core().read_model(str(fp_ir))
         weights = weight_files(fp_ir)
-    records = calib_part
-    if spec.quant.max_calibration_records is not None:
-        records = calib_part.subset(spec.quant.max_calibration_records)
+    records = calib_part.subset(spec.quant.max_calibration_records)
     hint = statistics_hint(spec.quant, spec.runtime, precision)
     sensitivity = None
     held = ()
