@@ -1,5 +1,8 @@
 """OpenVINO: convert the exported U-Net, quantise it with NNCF on recorded inputs, run it on the CPU.
 
+(About 350 lines: the runner and NNCF's quantisation share the ``openvino``/``nncf`` import guard, the
+precision tables and the flat-input feed, and the build, tests and benchmarks reach both as ``runtime_ov.*``.)
+
 Precisions (``compile_engine(..., backend="openvino", precision=...)``):
 
 * ``fp32``: the converted graph, f32 inference hint.
@@ -24,6 +27,7 @@ with the number of records when the records themselves stream from disk
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +40,6 @@ from .._compat import MissingDependencyError, is_available
 from .nncf_folding import statistics_models
 from .runtime_common import check_threads, numpy_feed
 
-ARTIFACT = "engine.xml"
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None, "mixed": None}  # None: bf16 where native (hint_for)
 BIAS_CORRECTIONS = ("fast", "full", "none")  # NNCF's bias correction after min-max (quantize's option)
 # NNCF's OverflowFix: weights of which layers use half the int8 range (7 bits), for CPUs without VNNI.
@@ -62,16 +65,12 @@ def openvino_has_bf16() -> bool:
     return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
-def default_hint() -> str:
-    """Inference precision for unquantised layers: bf16 where native, else f32."""
-    return "bf16" if openvino_has_bf16() else "f32"
-
-
 def hint_for(precision: str) -> str:
-    """OpenVINO's INFERENCE_PRECISION_HINT for an engine of ``precision`` on this CPU."""
+    """OpenVINO's INFERENCE_PRECISION_HINT for an engine of ``precision`` on this CPU (int8 and mixed:
+    for their unquantised layers, bf16 where native, else f32)."""
     if precision not in HINTS:
         raise ValueError(f"OpenVINO engines have precisions {list(HINTS)}, got {precision!r}")
-    return HINTS[precision] or default_hint()
+    return HINTS[precision] or ("bf16" if openvino_has_bf16() else "f32")
 
 
 def convert(onnx_path: str | os.PathLike):
@@ -107,13 +106,6 @@ def save(model, path: Path) -> Path:
     ov = require_openvino()
     ov.save_model(model, str(path), compress_to_fp16=False)
     return path
-
-
-def _transform(input_names: Sequence[str]):
-    def fn(record: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        return numpy_feed(record, input_names)
-
-    return fn
 
 
 class _Progress:
@@ -226,7 +218,7 @@ def quantize(
             model = model.clone()  # the caller's model keeps its axes (constants are shared, not copied)
             restore = static_for_calibration(model, shapes)
     records = _Progress(calibration, int(num_records), "fastdiff NNCF statistics")
-    dataset = nncf.Dataset(records, _transform(input_names))
+    dataset = nncf.Dataset(records, functools.partial(numpy_feed, input_names=input_names))
     # fastdiff's exclusions are re.search regexes; NNCF anchors its patterns (re.match), so resolve
     # them to exact node names here (matched in the ONNX module-path form too: see module_path_name).
     patterns = [re.compile(p) for p in exclude]
