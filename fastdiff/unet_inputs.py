@@ -99,16 +99,14 @@ class UNetSignature:
         missing = [n for n in self.input_names if n not in flat]
         if missing:
             raise ValueError(f"flat inputs lack {missing}; this U-Net takes {list(self.input_names)}")
-        kwargs = {
+        added = {"text_embeds": flat["text_embeds"], "time_ids": flat["time_ids"]} if self.is_sdxl else None
+        return {
             "sample": flat["sample"],
             "timestep": flat["timestep"],
             "encoder_hidden_states": flat["encoder_hidden_states"],
             "timestep_cond": flat.get("timestep_cond"),
-            "added_cond_kwargs": None,
+            "added_cond_kwargs": added,
         }
-        if self.is_sdxl:
-            kwargs["added_cond_kwargs"] = {"text_embeds": flat["text_embeds"], "time_ids": flat["time_ids"]}
-        return kwargs
 
     def example_inputs(
         self, batch: int, height: int, width: int, sequence: int = 77, generator=None
