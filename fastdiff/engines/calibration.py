@@ -200,19 +200,17 @@ def calibrate(
     if not isinstance(unet, torch.nn.Module):
         raise TypeError(f"calibrate needs a diffusers pipeline with a .unet, got {type(pipe).__name__}")
     signature = unet_signature(unet)
-    gen_device = "cpu"
     from tqdm.auto import tqdm
 
     starts = range(0, len(prompts), prompts_per_batch)
     with UNetInputRecorder(unet, save_to) as recorder, torch.no_grad():
         for start in tqdm(starts, desc="fastdiff calibrate", unit="batch", disable=not progress, leave=False):
             chunk = prompts[start : start + prompts_per_batch]
-            generator = torch.Generator(gen_device).manual_seed(seed + start)
             kwargs = dict(
                 prompt=chunk,
                 num_inference_steps=num_inference_steps,
                 guidance_scale=guidance_scale,
-                generator=generator,
+                generator=torch.Generator("cpu").manual_seed(seed + start),
                 output_type="latent",
             )
             if negative_prompt is not None:

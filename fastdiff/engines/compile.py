@@ -197,11 +197,10 @@ def compile_engine(
             "reduce_range": backend == "onnxruntime" and _quantize.default_reduce_range("uint8"),
         }
     if backend == "tensorrt":
-        trt_cfg = runtime_trt.uses_cfg(calibration or quality_inputs, signature, pipe)
         parts["trt_profile"] = {
             "batch": list(runtime.trt_batch),
             "image_px": list(runtime.trt_image_px),
-            "cfg": trt_cfg,
+            "cfg": runtime_trt.uses_cfg(calibration or quality_inputs, signature, pipe),
         }
         parts["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     key = make_key(parts)
@@ -209,7 +208,6 @@ def compile_engine(
     cache = EngineCache(cache_dir)
     meta = cache.lookup(key, parts, verify) if use_cache else None
     cache_hit = meta is not None
-    trt_cfg = parts.get("trt_profile", {}).get("cfg", True)
     tmp_root = None
     if cache_hit:
         entry = cache.entry_dir(key)
@@ -225,7 +223,7 @@ def compile_engine(
                 quant=quant,
                 export=dataclasses.replace(export, sequence_length=sequence_length),
                 runtime=runtime,
-                trt_cfg=trt_cfg,
+                trt_cfg=parts["trt_profile"]["cfg"] if backend == "tensorrt" else True,
                 # Timing caches are per GPU model and TensorRT version.
                 timing_cache=cache.root
                 / f"tensorrt-timing-{make_key(parts.get('versions', {}) | {'gpu': parts.get('gpu')})[:12]}.cache"

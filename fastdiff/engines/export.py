@@ -75,17 +75,13 @@ def _dynamic_axes(signature: UNetSignature, dynamic: Sequence[str]) -> dict[str,
     unknown = set(dynamic) - set(_VALID_DYNAMIC)
     if unknown:
         raise ValueError(f"unknown dynamic axes {sorted(unknown)}; valid: {list(_VALID_DYNAMIC)}")
-    axes: dict[str, dict[int, str]] = {name: {} for name in (*signature.input_names, OUTPUT_NAME)}
-    for name in axes:
-        if "batch" in dynamic:
-            axes[name][0] = "batch"
-        if name in ("sample", OUTPUT_NAME):
-            if "height" in dynamic:
-                axes[name][2] = "height"
-            if "width" in dynamic:
-                axes[name][3] = "width"
-        if name == "encoder_hidden_states" and "sequence" in dynamic:
-            axes[name][1] = "sequence"
+    # The dimension each axis name stands for, per tensor (besides "batch", every tensor's first).
+    spatial = {2: "height", 3: "width"}
+    named = {"sample": spatial, OUTPUT_NAME: spatial, "encoder_hidden_states": {1: "sequence"}}
+    axes = {
+        name: {dim: axis for dim, axis in {0: "batch", **named.get(name, {})}.items() if axis in dynamic}
+        for name in (*signature.input_names, OUTPUT_NAME)
+    }
     return {k: v for k, v in axes.items() if v}
 
 

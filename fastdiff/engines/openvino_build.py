@@ -108,8 +108,7 @@ def build_openvino(
         weights = weight_files(fp_ir)
     records = calib_part.subset(spec.quant.max_calibration_records)
     hint = statistics_hint(spec.quant, spec.runtime, precision)
-    sensitivity = None
-    held = ()
+    sensitivity, held = None, ()
     if precision == "mixed":  # sensitivity judged on records the ranges were not fitted on
         records, held = records.split(4) if len(records) >= 4 else (records, records)
     quantised = runtime_ov.quantize(
