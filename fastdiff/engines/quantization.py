@@ -120,12 +120,7 @@ def classify_nodes(model_or_path) -> dict[str, str]:
     """node name -> category for every Conv/MatMul/Gemm in the graph (float or Q/DQ)."""
     model = _load_graph(model_or_path)
     weights = _weight_names(model)
-    out = {}
-    for node in model.graph.node:
-        cat = classify_node(node, weights)
-        if cat is not None:
-            out[node.name] = cat
-    return out
+    return {node.name: cat for node in model.graph.node if (cat := classify_node(node, weights)) is not None}
 
 
 def activation_tensors(model_or_path, nodes: Iterable[str] | None = None) -> set[str]:
@@ -340,7 +335,6 @@ def quantize(
             f"out_path must differ from onnx_path ({onnx_path}): the float model would be overwritten"
         )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    external = data_file(onnx_path).exists()
     if reduce_range is None:
         reduce_range = default_reduce_range(activation_type)
     calibration = calibration.subset(max_calibration_records)
@@ -408,7 +402,7 @@ def quantize(
                     activation_type=qtypes[activation_type],
                     weight_type=qtypes[weight_type],
                     calibrate_method=methods[method],
-                    use_external_data_format=external,
+                    use_external_data_format=data_file(onnx_path).exists(),
                     extra_options=extra,
                     calibration_cache_path=str(calibration_cache) if calibration_cache is not None else None,
                 )
