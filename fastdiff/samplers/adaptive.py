@@ -33,10 +33,10 @@ from diffusers.configuration_utils import FrozenDict
 
 from fastdiff.dynamic.adapters import predicted_x0
 
-from .core import FINAL_STEPS
+from .core import check_final_step
 from .dpm_solver import dpmpp_update
 from .noise_schedule import NoiseSchedule
-from .options import PREDICTION_TYPES
+from .options import check_prediction_type
 from .scheduler import FullPrecisionState, inherited_config
 
 __all__ = ["AdaptiveScheduler"]
@@ -98,16 +98,12 @@ class AdaptiveScheduler(FullPrecisionState):
         self.max_growth = _positive("max_growth", max_growth)
         if self.max_growth <= 1:
             raise ValueError(f"AdaptiveScheduler max_growth must be > 1, got {max_growth!r}")
-        if final_step not in FINAL_STEPS:
-            raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {final_step!r}")
+        check_final_step(final_step)
         if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 2:
             raise ValueError(f"AdaptiveScheduler max_steps must be an int >= 2, got {max_steps!r}")
         keys = inherited_config(like)
         self.prediction_type = keys.get("prediction_type", "epsilon")
-        if self.prediction_type not in PREDICTION_TYPES:
-            raise ValueError(
-                f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}"
-            )
+        check_prediction_type(self.prediction_type)
         self.noise_schedule = NoiseSchedule.from_config(keys)
         self.alphas_cumprod = torch.from_numpy(self.noise_schedule.alphas_cumprod).float()
         ns = self.noise_schedule

@@ -69,6 +69,24 @@ SAMPLERS: dict[str, SamplerInfo] = {
 FINAL_STEPS = ("denoised", "variance")
 
 
+# the option rules SolverState, make_scheduler's validation (.options) and AdaptiveScheduler share
+def sampler_info(name: str) -> SamplerInfo:
+    """``SAMPLERS[name]``; an unknown name raises with the valid ones."""
+    if name not in SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(SAMPLERS)}")
+    return SAMPLERS[name]
+
+
+def check_order_range(info: SamplerInfo, order: int) -> None:
+    if not 1 <= order <= info.max_order:
+        raise ValueError(f"{info.name}: solver_order must be in [1, {info.max_order}], got {order}")
+
+
+def check_final_step(final_step) -> None:
+    if final_step not in FINAL_STEPS:
+        raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {final_step!r}")
+
+
 class SolverState:
     """Per-run state of one sampler over a fixed sigma schedule (``sigmas[-1] == 0``)."""
 
@@ -85,14 +103,10 @@ class SolverState:
         timestep_scaling: float = 10.0,
         solver_type: str = "bh2",
     ):
-        if name not in SAMPLERS:
-            raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(SAMPLERS)}")
-        info = SAMPLERS[name]
+        info = sampler_info(name)
         order = info.default_order if order is None else order
-        if not 1 <= order <= info.max_order:
-            raise ValueError(f"{name}: solver_order must be in [1, {info.max_order}], got {order}")
-        if final_step not in FINAL_STEPS:
-            raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {final_step!r}")
+        check_order_range(info, order)
+        check_final_step(final_step)
         if eta < 0:
             raise ValueError(f"eta must be >= 0, got {eta}")
         check_solver_type(solver_type)

@@ -11,11 +11,16 @@ import math
 import numpy as np
 import torch
 
-from .core import FINAL_STEPS, SAMPLERS
+from .core import check_final_step, check_order_range, sampler_info
 from .schedules import NAMED_SCHEDULES
 from .unipc import check_solver_type
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
+
+
+def check_prediction_type(prediction_type) -> None:
+    if prediction_type not in PREDICTION_TYPES:
+        raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
 
 
 def as_config_value(schedule):
@@ -41,13 +46,9 @@ def validate_options(sampler: str, **o) -> None:
     Every message names the option, the value received and what is valid (issue #16): a sweep
     that sets ``eta`` on DPM-Solver++ must fail, not report numbers identical to the default.
     """
-    if sampler not in SAMPLERS:
-        raise ValueError(f"unknown sampler {sampler!r}; valid: {', '.join(SAMPLERS)}")
-    info = SAMPLERS[sampler]
-    if o["prediction_type"] not in PREDICTION_TYPES:
-        raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {o['prediction_type']!r}")
-    if o["final_step"] not in FINAL_STEPS:
-        raise ValueError(f"final_step must be one of {FINAL_STEPS}, got {o['final_step']!r}")
+    info = sampler_info(sampler)
+    check_prediction_type(o["prediction_type"])
+    check_final_step(o["final_step"])
     schedule = o["schedule"]
     if isinstance(schedule, str) and schedule not in NAMED_SCHEDULES:
         raise ValueError(
@@ -82,8 +83,7 @@ def validate_options(sampler: str, **o) -> None:
                 f"{sampler}: solver_order must be an int in [1, {info.max_order}] or None, got {order!r} "
                 f"({type(order).__name__})"
             )
-        if not 1 <= order <= info.max_order:
-            raise ValueError(f"{sampler}: solver_order must be in [1, {info.max_order}], got {order}")
+        check_order_range(info, order)
 
     # options that only some samplers / schedules read: a non-default value elsewhere is an error
     effective = info.default_schedule if schedule is None else schedule
