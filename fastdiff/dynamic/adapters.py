@@ -95,6 +95,14 @@ def predicted_x0(
     )
 
 
+def vp_of_ve(sigma: float) -> tuple[float, float]:
+    """VP ``(alpha_t, sigma_t)`` of a VE noise level ``sigma = sigma_t / alpha_t``: ``alpha_t = 1 / sqrt(1 + sigma^2)``.
+
+    Python floats (:meth:`fastdiff.samplers.NoiseSchedule.alpha_sigma_vp` is the array form)."""
+    alpha = 1.0 / math.sqrt(1.0 + sigma * sigma)
+    return alpha, sigma * alpha
+
+
 def check_scheduler(scheduler) -> None:
     if isinstance(scheduler, SchedulerAdapter):
         return
@@ -220,9 +228,7 @@ class SchedulerAdapter:
             s = float(sigmas[index])
             if self._flow:  # rectified-flow sigmas: x_t = (1 - s) x0 + s eps
                 return 1.0 - s, s
-            # VE sigma s = sigma_t / alpha_t (Euler, DPM-Solver, UniPC, ...): alpha_t = 1 / sqrt(1 + s^2)
-            alpha = 1.0 / math.sqrt(1.0 + s * s)
-            return alpha, s * alpha
+            return vp_of_ve(s)  # VE sigma s = sigma_t / alpha_t (Euler, DPM-Solver, UniPC, ...)
         abar_table = sch.alphas_cumprod  # DDIM, DDPM, PNDM, LCM: interpolate alpha-bar at (fractional) t
         tf = float(t)
         lo = int(math.floor(tf))

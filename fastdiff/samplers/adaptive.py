@@ -31,7 +31,7 @@ import math
 import torch
 from diffusers.configuration_utils import FrozenDict
 
-from fastdiff.dynamic.adapters import predicted_x0
+from fastdiff.dynamic.adapters import predicted_x0, vp_of_ve
 
 from .core import check_final_step
 from .dpm_solver import dpmpp_update
@@ -155,9 +155,7 @@ class AdaptiveScheduler(FullPrecisionState):
         return sample
 
     def vp_coefficients(self, index: int) -> tuple[float, float]:
-        s = self._sig[index]
-        alpha = 1.0 / math.sqrt(1.0 + s * s)
-        return alpha, s * alpha
+        return vp_of_ve(self._sig[index])
 
     # --- one step ----------------------------------------------------------------------------------
     def _scaled_error(self, diff_vp, x_high_vp, x_prev_vp) -> float:
@@ -179,8 +177,8 @@ class AdaptiveScheduler(FullPrecisionState):
             raise IndexError("this adaptive run has finished; call set_timesteps() to start another")
         x_vp = self._full_precision(sample)
         sigma = self._sig[i]
-        alpha = 1.0 / math.sqrt(1.0 + sigma * sigma)
-        d1 = predicted_x0(model_output.to(x_vp.dtype), x_vp, alpha, sigma * alpha, self.prediction_type)
+        alpha, sigma_vp = vp_of_ve(sigma)
+        d1 = predicted_x0(model_output.to(x_vp.dtype), x_vp, alpha, sigma_vp, self.prediction_type)
         x = x_vp / alpha  # VE state
         if i + 1 >= self.max_steps:
             raise RuntimeError(
