@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .gmm import rms_errors
 from .schedules import build_schedule
 
 OBJECTIVES = ("geomean", "median")
@@ -155,7 +156,7 @@ def fit_schedule(
             out = _run_on_sigmas(model_fn, latents, sched, sigmas_of(logits))
         except ValueError:  # sigmas so close that their timesteps coincide: reject
             return None
-        return (out.double() - reference.double()).flatten(1).pow(2).mean(1).sqrt()
+        return rms_errors(out, reference)
 
     def geomean(logits: np.ndarray) -> float:
         # geometric mean of the per-sample RMS errors: smooth, and robust to rare mode changes
