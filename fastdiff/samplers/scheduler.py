@@ -412,6 +412,8 @@ def make_scheduler(name: str, like=None, **options) -> FastScheduler:
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for make_scheduler; valid: {', '.join(OPTIONS)}")
     kwargs = inherited_config(like)
+    # 3 is dpmpp_3m's default anyway; stored in the config, it also makes diffusers'
+    # DPMSolverMultistepScheduler.from_config(pipe.scheduler.config) third order (None there means 2)
     if name == "dpmpp_3m" and "solver_order" not in options:
         options["solver_order"] = 3
     if "schedule" in options:
