@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from fastdiff.dynamic.adapters import Reschedulable
 
-__all__ = ["check_can_jump", "check_stop_after", "steps_per_row"]
+__all__ = ["check_can_jump", "check_generator", "check_stop_after", "steps_per_row"]
 
 
 def check_stop_after(stop_after) -> None:
@@ -19,6 +21,19 @@ def check_stop_after(stop_after) -> None:
     ):
         raise ValueError(
             f"stop_after must be an int >= 0 (steps before pausing; 0: before the first) or None, got {stop_after!r}"
+        )
+
+
+def check_generator(generator, per: str = "row", none_in_list: bool = True) -> None:
+    """None, a torch.Generator, or a list of them (one per row of :func:`sample`, one per image of a pipeline).
+
+    ``sample`` lets a row's entry be None (that row draws from the global RNG); a pipeline's list may not hold
+    None (``none_in_list=False``): diffusers' latents preparation reads the first generator's device."""
+    gens = generator if isinstance(generator, list) else [generator]
+    ok = all(isinstance(g, torch.Generator) or (g is None and none_in_list) for g in gens)
+    if generator is not None and not ok:
+        raise TypeError(
+            f"generator must be a torch.Generator, a list of them (one per {per}) or None, got {generator!r}"
         )
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fastdiff.dynamic.adapters import SchedulerAdapter, check_scheduler, check_step_kwargs
-from fastdiff.dynamic.checks import check_can_jump, check_stop_after, steps_per_row
+from fastdiff.dynamic.checks import check_can_jump, check_generator, check_stop_after, steps_per_row
 from fastdiff.dynamic.protocols import Controller, StepChoice, StepPlanner
 from fastdiff.dynamic.records import SampleResult
 from fastdiff.dynamic.tick import RowsHook, SampleState, Track, notify, tick
@@ -118,11 +118,7 @@ def sample(
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     check_stop_after(stop_after)
-    gens = generator if isinstance(generator, list) else [generator]
-    if not all(g is None or isinstance(g, torch.Generator) for g in gens):
-        raise TypeError(
-            f"generator must be a torch.Generator, a list of them (one per row) or None, got {generator!r}"
-        )
+    check_generator(generator)
     batch = latents.shape[0]
     base = scheduler if isinstance(scheduler, SchedulerAdapter) else SchedulerAdapter(scheduler)
     check_step_kwargs(base.scheduler, {} if step_kwargs is None else step_kwargs)

@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from fastdiff.dynamic.checks import check_generator
+
 __all__ = [
     "MAX_STEPS",
     "OUTPUT_TYPES",
@@ -111,12 +113,7 @@ def check_call_kwargs(args: tuple, kwargs: dict) -> None:
     rescale = kwargs.get("guidance_rescale")
     if rescale is not None and not (is_number(rescale) and 0.0 <= rescale <= 1.0):
         raise ValueError(f"guidance_rescale must be a number in [0, 1] (0: off), got {rescale!r}")
-    generator = kwargs.get("generator")
-    gens = generator if isinstance(generator, list) else [generator]
-    if generator is not None and not all(isinstance(g, torch.Generator) for g in gens):
-        raise TypeError(
-            f"generator must be a torch.Generator, a list of them (one per image) or None, got {generator!r}"
-        )
+    check_generator(kwargs.get("generator"), per="image", none_in_list=False)
     for name in ("callback_on_step_end", "callback"):
         hook = kwargs.get(name)
         if hook is not None and not callable(hook):
