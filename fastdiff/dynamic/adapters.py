@@ -119,7 +119,7 @@ def check_step_kwargs(scheduler, step_kwargs: dict) -> None:
     (a no-op) is dropped for schedulers without ``eta``; any other value raises."""
     if not isinstance(step_kwargs, dict):
         raise TypeError(f"step_kwargs must be a dict or None, got {type(step_kwargs).__name__}")
-    names = _step_parameters(type(scheduler))
+    names = step_parameters(type(scheduler))
     if names is None:
         return
     accepted = sorted(names - _LOOP_ARGS)
@@ -138,7 +138,7 @@ def check_step_kwargs(scheduler, step_kwargs: dict) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _step_parameters(scheduler_type: type) -> frozenset | None:
+def step_parameters(scheduler_type: type) -> frozenset | None:
     """Keyword names ``scheduler_type.step`` accepts (None: it takes **kwargs). Cached: inspect is slow."""
     params = inspect.signature(scheduler_type.step).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -242,7 +242,7 @@ class SchedulerAdapter:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One scheduler step: (next state, the scheduler's x0 estimate or None if it gives none)."""
         kwargs = {**self.step_kwargs, "generator": generator}
-        names = _step_parameters(type(self.scheduler))
+        names = step_parameters(type(self.scheduler))
         if names is not None:  # pass only what this scheduler's step() accepts, as diffusers pipelines do
             kwargs = {k: v for k, v in kwargs.items() if k in names}
         res = self.scheduler.step(output, t, x, return_dict=True, **kwargs)

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from fastdiff.dynamic.adapters import step_parameters
 from fastdiff.dynamic.checks import check_generator
 
 __all__ = [
@@ -136,9 +137,8 @@ def check_eta(kwargs: dict, scheduler) -> None:
         raise ValueError(f"eta must be a finite number >= 0 (0: deterministic DDIM), got {eta!r}")
     if eta == 0:
         return
-    params = inspect.signature(type(scheduler).step).parameters
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if "eta" not in params and not takes_kwargs:
+    names = step_parameters(type(scheduler))  # None: step() takes **kwargs
+    if names is not None and "eta" not in names:
         from fastdiff.samplers.scheduler import FastScheduler
 
         name = type(scheduler).__name__
