@@ -36,18 +36,10 @@ from fastdiff.dynamic.adapters import predicted_x0, vp_of_ve
 from .core import check_final_step
 from .dpm_solver import dpmpp_update
 from .noise_schedule import NoiseSchedule
-from .options import check_prediction_type
+from .options import check_prediction_type, positive_number
 from .scheduler import FullPrecisionState, inherited_config
 
 __all__ = ["AdaptiveScheduler"]
-
-
-def _positive(name: str, value, allow_zero: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        rule = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"AdaptiveScheduler {name} must be a finite number {rule}, got {value!r}")
-    return float(value)
 
 
 class AdaptiveScheduler(FullPrecisionState):
@@ -86,16 +78,16 @@ class AdaptiveScheduler(FullPrecisionState):
         if keep not in ("corrected", "predicted"):
             raise ValueError(f"AdaptiveScheduler keep must be 'corrected' or 'predicted', got {keep!r}")
         self.keep = keep
-        self.h_min = _positive("h_min", h_min)
-        self.rtol = _positive("rtol", rtol, allow_zero=True)
-        self.atol = _positive("atol", atol, allow_zero=True)
+        self.h_min = positive_number("AdaptiveScheduler h_min", h_min)
+        self.rtol = positive_number("AdaptiveScheduler rtol", rtol, allow_zero=True)
+        self.atol = positive_number("AdaptiveScheduler atol", atol, allow_zero=True)
         if self.rtol == 0 and self.atol == 0:
             raise ValueError("AdaptiveScheduler needs rtol > 0 or atol > 0")
-        self.h_init = _positive("h_init", h_init)
-        self.safety = _positive("safety", safety)
+        self.h_init = positive_number("AdaptiveScheduler h_init", h_init)
+        self.safety = positive_number("AdaptiveScheduler safety", safety)
         if not 0 < self.safety <= 1:
             raise ValueError(f"AdaptiveScheduler safety must be in (0, 1], got {safety!r}")
-        self.max_growth = _positive("max_growth", max_growth)
+        self.max_growth = positive_number("AdaptiveScheduler max_growth", max_growth)
         if self.max_growth <= 1:
             raise ValueError(f"AdaptiveScheduler max_growth must be > 1, got {max_growth!r}")
         check_final_step(final_step)
@@ -107,7 +99,9 @@ class AdaptiveScheduler(FullPrecisionState):
         self.noise_schedule = NoiseSchedule.from_config(keys)
         self.alphas_cumprod = torch.from_numpy(self.noise_schedule.alphas_cumprod).float()
         ns = self.noise_schedule
-        self.sigma_end = ns.sigma_min if sigma_end is None else _positive("sigma_end", sigma_end)
+        self.sigma_end = (
+            ns.sigma_min if sigma_end is None else positive_number("AdaptiveScheduler sigma_end", sigma_end)
+        )
         if not ns.sigma_min * (1 - 1e-9) <= self.sigma_end < ns.sigma_max:
             raise ValueError(
                 f"AdaptiveScheduler sigma_end must lie in [{ns.sigma_min:.6g}, {ns.sigma_max:.6g}), got {sigma_end!r}"

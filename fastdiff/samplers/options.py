@@ -34,10 +34,14 @@ def as_config_value(schedule):
     return schedule
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+def positive_number(name: str, value, allow_zero: bool = False) -> float:
+    """``value`` as a float: a finite int or float (numpy's too, not a bool), > 0 (>= 0 with ``allow_zero``)."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)
     )
+    if not real or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
 
 
 def validate_options(sampler: str, **o) -> None:
@@ -70,9 +74,7 @@ def validate_options(sampler: str, **o) -> None:
         if not isinstance(o[flag], (bool, np.bool_)):
             raise TypeError(f"{flag} must be True or False, got {o[flag]!r} ({type(o[flag]).__name__})")
     for name in ("rho", "eta", "timestep_scaling"):  # eta may be 0, the others must be positive
-        v, rule = o[name], (">= 0" if name == "eta" else "> 0")
-        if not _is_real(v) or not math.isfinite(v) or v < 0 or (v == 0 and name != "eta"):
-            raise ValueError(f"{name} must be a finite number {rule}, got {v!r}")
+        positive_number(name, o[name], allow_zero=name == "eta")
     ois = o["original_inference_steps"]
     if not isinstance(ois, (int, np.integer)) or isinstance(ois, (bool, np.bool_)) or ois < 1:
         raise ValueError(f"original_inference_steps must be an int >= 1, got {ois!r}")
