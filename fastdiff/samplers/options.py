@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .core import check_final_step, check_order_range, sampler_info
-from .schedules import NAMED_SCHEDULES
+from .schedules import NAMED_SCHEDULES, check_schedule_name
 from .unipc import check_solver_type
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
@@ -54,11 +54,8 @@ def validate_options(sampler: str, **o) -> None:
     check_prediction_type(o["prediction_type"])
     check_final_step(o["final_step"])
     schedule = o["schedule"]
-    if isinstance(schedule, str) and schedule not in NAMED_SCHEDULES:
-        raise ValueError(
-            f"unknown schedule {schedule!r}; valid: {', '.join(NAMED_SCHEDULES)}, "
-            "or an explicit list/tensor of sigmas (float) or timesteps (int)"
-        )
+    if isinstance(schedule, str):
+        check_schedule_name(schedule)
     if schedule is not None and not isinstance(schedule, str):
         explicit = np.asarray(as_config_value(schedule))
         if explicit.ndim != 1 or explicit.size == 0:

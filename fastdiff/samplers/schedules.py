@@ -55,6 +55,14 @@ SIGMA_SCHEDULES = ("karras", "exponential")
 NAMED_SCHEDULES = (*SPACINGS, *SIGMA_SCHEDULES, "lcm", "auto")
 
 
+def check_schedule_name(schedule: str) -> None:
+    if schedule not in NAMED_SCHEDULES:
+        raise ValueError(
+            f"unknown schedule {schedule!r}; valid: {', '.join(NAMED_SCHEDULES)}, "
+            "or an explicit list/tensor of sigmas (float) or timesteps (int)"
+        )
+
+
 def spaced_timesteps(kind: str, n: int, num_train_timesteps: int, steps_offset: int = 0) -> np.ndarray:
     """Integer timesteps of a uniform spacing (see module docstring), float64, decreasing."""
     T = num_train_timesteps
@@ -149,6 +157,7 @@ def build_schedule(
             raise ValueError(f"num_inference_steps must be an int for schedule {schedule!r}, got {n!r}")
         if n < 1 or n > T:
             raise ValueError(f"num_inference_steps must be in [1, {T}] (num_train_timesteps), got {n}")
+        check_schedule_name(schedule)
         if schedule == "auto":  # the concrete schedule "auto" means for n steps
             schedule = "trailing" if n <= trailing_up_to else "karras"
         if schedule in SPACINGS:
@@ -159,7 +168,7 @@ def build_schedule(
         elif schedule == "lcm":
             ts = lcm_timesteps(n, T, original_inference_steps)
             sig = noise.sigma_of_t(ts)
-        elif schedule in SIGMA_SCHEDULES:
+        else:  # karras or exponential
             if schedule == "karras":
                 sig = karras_sigmas(n, noise.sigma_min, noise.sigma_max, rho)
             else:
@@ -169,11 +178,6 @@ def build_schedule(
             ts = noise.t_of_sigma(sig)
             if not fractional_timesteps:
                 ts = np.round(ts)
-        else:
-            raise ValueError(
-                f"unknown schedule {schedule!r}; valid: {', '.join(NAMED_SCHEDULES)}, "
-                "or an explicit list/tensor of sigmas (float) or timesteps (int)"
-            )
         return ts.astype(np.float64), np.append(sig, 0.0)
 
     if kind not in (None, "sigmas", "timesteps"):
