@@ -19,16 +19,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _cpu_flags() -> list[str]:
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "fma")
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [w for w in wanted if w in have]
-    except OSError:
-        pass
-    return []
+    from fastdiff.engines.cpu import cpu_flags
+
+    have = cpu_flags()
+    return [w for w in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "fma") if w in have]
 
 
 def env_info() -> dict:

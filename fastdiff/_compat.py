@@ -70,15 +70,20 @@ __all__ = [
 ]
 
 
+def cpuinfo_field(name: str) -> str | None:
+    """The first processor's ``name`` field in /proc/cpuinfo (Linux); None where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(name):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (Linux), else platform's guess."""
     import platform
 
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return cpuinfo_field("model name") or platform.processor() or "unknown CPU"

@@ -16,20 +16,13 @@ from __future__ import annotations
 
 import functools
 
-from fastdiff._compat import cpu_model  # noqa: F401 - re-exported for benchmarks/engines_cpu.py
+from fastdiff._compat import cpu_model, cpuinfo_field  # noqa: F401 - cpu_model re-exported for benchmarks
 
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags of the first processor (empty where /proc/cpuinfo is unavailable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset((cpuinfo_field("flags") or "").split())
 
 
 def has_vnni(flags: frozenset[str] | None = None) -> bool:
