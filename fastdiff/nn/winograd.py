@@ -26,10 +26,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastdiff.kernels._device import triton_native
 from fastdiff.kernels.winograd import SUPPORTED_DTYPES, transform_weight
 from fastdiff.ops import dispatch
-from fastdiff.ops.conv import conv3x3, conv3x3_plan_key
+from fastdiff.ops.conv import conv3x3, conv3x3_plan_key, winograd_implementation
 
 MODES = ("auto", True)
 WINOGRAD_BACKENDS = ("auto", "winograd_triton", "winograd_torch")
@@ -133,7 +132,7 @@ class WinogradConv2d(PlannedModule, nn.Conv2d):
             return "auto"
         backend = self.winograd_backend
         if backend == "auto":
-            backend = "winograd_triton" if triton_native(x.device) else "winograd_torch"
+            backend = winograd_implementation(x.device)
         key = conv3x3_plan_key(x, self.out_channels, self.bias is not None)
         self.plans.setdefault(key, {"choice": backend, "source": "forced (winograd=True)"})
         return backend

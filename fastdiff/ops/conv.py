@@ -61,14 +61,16 @@ def check_conv3x3_inputs(x, weight, bias=None) -> None:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
 
 
+def winograd_implementation(device: torch.device) -> str:
+    """The Winograd that runs on ``device``: the Triton kernels where they run compiled, else PyTorch's."""
+    return "winograd_triton" if triton_native(device) else "winograd_torch"
+
+
 def conv3x3_candidates(device: torch.device) -> list[str]:
-    """Alternatives to native that "auto" may time here. The interpreter is never a candidate (always slow)."""
-    device = torch.device(device)
-    if triton_native(device):
-        return ["winograd_triton"]
-    if device.type == "cpu":
-        return ["winograd_torch"]
-    return []
+    """Alternatives to native that "auto" may time here: :func:`winograd_implementation` where it can win
+    (compiled Triton, or PyTorch's on CPU). The interpreter is never a candidate (always slow)."""
+    impl = winograd_implementation(device)
+    return [impl] if impl == "winograd_triton" or torch.device(device).type == "cpu" else []
 
 
 def conv3x3_plan_key(x: torch.Tensor, k: int, has_bias: bool) -> str:
