@@ -14,11 +14,7 @@ except Exception:  # pragma: no cover - depends on the platform
     tl = None
     HAS_TRITON = False
 
-__all__ = ["HAS_TRITON", "check_triton_device", "interpreting", "tl", "triton"]
-
-
-def interpreting() -> bool:
-    return triton_interpret()
+__all__ = ["HAS_TRITON", "check_triton_device", "tl", "triton", "triton_interpret"]
 
 
 if HAS_TRITON:

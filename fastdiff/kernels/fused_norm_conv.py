@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .group_norm_silu import check_group_norm_inputs, group_norm_scale_shift_triton
+from .group_norm_silu import group_norm_scale_shift_triton
 from .winograd import winograd_conv2d_triton
 
 
@@ -43,7 +43,6 @@ def group_norm_silu_conv3x3_triton(
     extra_shift: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused GroupNorm+SiLU+Winograd conv; ``u`` is ``transform_weight(conv_weight, x.dtype)``."""
-    check_group_norm_inputs(x, num_groups, gn_weight, gn_bias)
     scale, shift = group_norm_scale_shift_triton(
         x, num_groups, gn_weight, gn_bias, eps, extra_scale=extra_scale, extra_shift=extra_shift
     )

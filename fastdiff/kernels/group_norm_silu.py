@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton_compat import HAS_TRITON, check_triton_device, interpreting, tl, triton
+from ._triton_compat import HAS_TRITON, check_triton_device, tl, triton, triton_interpret
 
 if HAS_TRITON:
     from ._triton_compat import round_bf16_rne
@@ -287,7 +287,7 @@ def affine_silu_triton(x, scale, shift, apply_silu=True, out=None):
     _affine_silu_kernel[(triton.cdiv(total, block),)](
         x, out, scale, shift, c, h * w, total,
         CHANNELS_LAST=channels_last, APPLY_SILU=apply_silu, BLOCK=block,
-        EMULATE_BF16=out.dtype == torch.bfloat16 and interpreting(), num_warps=4,
+        EMULATE_BF16=out.dtype == torch.bfloat16 and triton_interpret(), num_warps=4,
     )  # fmt: skip
     return out
 
@@ -322,12 +322,12 @@ def group_norm_silu_triton(
     elif out.shape != x.shape or out.dtype != x.dtype or out.stride() != x.stride():
         raise ValueError("out must match x in shape, dtype and memory format")
     if one_pass:
-        warps = 1 if interpreting() else min(16, max(1, block_hw * block_cg // 512))
+        warps = 1 if triton_interpret() else min(16, max(1, block_hw * block_cg // 512))
         _gn_silu_one_pass_kernel[(n * num_groups,)](
             x, out, weight if weight is not None else x, bias if bias is not None else x,
             c, hw, cg, float(eps), x.stride(0), x.stride(1), x.stride(3),
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=apply_silu,
-            EMULATE_BF16=x.dtype == torch.bfloat16 and interpreting(),
+            EMULATE_BF16=x.dtype == torch.bfloat16 and triton_interpret(),
             BLOCK_HW=block_hw, BLOCK_CG=block_cg, num_warps=warps,
         )  # fmt: skip
         return out

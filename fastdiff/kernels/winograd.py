@@ -44,7 +44,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ._triton_compat import HAS_TRITON, check_triton_device, interpreting, tl, triton
+from ._triton_compat import HAS_TRITON, check_triton_device, tl, triton, triton_interpret
 
 if HAS_TRITON:
     from ._triton_compat import round_bf16_rne
@@ -419,7 +419,7 @@ def winograd_conv2d_triton(
         out = torch.empty((n, k, h, w), device=x.device, dtype=x.dtype, memory_format=fmt)
     if tiles == 0 or k == 0:
         return out
-    interp = interpreting()
+    interp = triton_interpret()
     defaults = INTERPRETER_CONFIGS if interp else {"input": INPUT_CONFIGS[0], "output": OUTPUT_CONFIGS[0]}
     configs = {**defaults, **(configs or {})}
     emulate_bf16 = x.dtype == torch.bfloat16 and interp
