@@ -197,6 +197,27 @@ if HAS_TRITON:
         tl.store(v_ptr + i * PC + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _bt_column(
+        x_ptr, x_base, c_off, pc_mask, h0, w, H, W, sxh, sxw, scale, shift, FUSE_NORM: tl.constexpr
+    ):
+        """B^T along the rows of input column ``w`` of the tiles: its 4 taps -> 4 values."""
+        return _bt_combine(
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        )
+
+    @triton.jit
+    def _store_row(v_ptr, ROW: tl.constexpr, PC, offs, mask, r0, r1, r2, r3, EMULATE_BF16: tl.constexpr):
+        """B along row ``ROW`` of ``B^T d``: planes 4 * ROW + 0..3, each stored as soon as it is formed."""
+        v0, v1, v2, v3 = _bt_combine(r0, r1, r2, r3)
+        _store_plane(v_ptr, 4 * ROW + 0, PC, offs, mask, v0, EMULATE_BF16)
+        _store_plane(v_ptr, 4 * ROW + 1, PC, offs, mask, v1, EMULATE_BF16)
+        _store_plane(v_ptr, 4 * ROW + 2, PC, offs, mask, v2, EMULATE_BF16)
+        _store_plane(v_ptr, 4 * ROW + 3, PC, offs, mask, v3, EMULATE_BF16)
+
+    @triton.jit
     def _winograd_input_kernel(
         x_ptr, v_ptr, scale_ptr, shift_ptr,
         C, H, W, TH, TW, P,
@@ -224,53 +245,25 @@ if HAS_TRITON:
             scale = 0.0
             shift = 0.0
         # B^T along rows, one input column at a time (4 taps -> 4 values)
-        r00, r10, r20, r30 = _bt_combine(
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        r00, r10, r20, r30 = _bt_column(
+            x_ptr, x_base, c_off, pc_mask, h0, w0, H, W, sxh, sxw, scale, shift, FUSE_NORM
         )
-        r01, r11, r21, r31 = _bt_combine(
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        r01, r11, r21, r31 = _bt_column(
+            x_ptr, x_base, c_off, pc_mask, h0, w0 + 1, H, W, sxh, sxw, scale, shift, FUSE_NORM
         )
-        r02, r12, r22, r32 = _bt_combine(
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        r02, r12, r22, r32 = _bt_column(
+            x_ptr, x_base, c_off, pc_mask, h0, w0 + 2, H, W, sxh, sxw, scale, shift, FUSE_NORM
         )
-        r03, r13, r23, r33 = _bt_combine(
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 1, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 2, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
-            _load_tap(x_ptr, x_base, c_off, pc_mask, h0 + 3, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM),
+        r03, r13, r23, r33 = _bt_column(
+            x_ptr, x_base, c_off, pc_mask, h0, w0 + 3, H, W, sxh, sxw, scale, shift, FUSE_NORM
         )
         # B along columns; plane i = 4 * row + col, each stored as soon as it is formed
         PC = P.to(tl.int64) * C
         offs = p.to(tl.int64)[:, None] * C + c[None, :]
-        v0, v1, v2, v3 = _bt_combine(r00, r01, r02, r03)
-        _store_plane(v_ptr, 0, PC, offs, pc_mask, v0, EMULATE_BF16)
-        _store_plane(v_ptr, 1, PC, offs, pc_mask, v1, EMULATE_BF16)
-        _store_plane(v_ptr, 2, PC, offs, pc_mask, v2, EMULATE_BF16)
-        _store_plane(v_ptr, 3, PC, offs, pc_mask, v3, EMULATE_BF16)
-        v0, v1, v2, v3 = _bt_combine(r10, r11, r12, r13)
-        _store_plane(v_ptr, 4, PC, offs, pc_mask, v0, EMULATE_BF16)
-        _store_plane(v_ptr, 5, PC, offs, pc_mask, v1, EMULATE_BF16)
-        _store_plane(v_ptr, 6, PC, offs, pc_mask, v2, EMULATE_BF16)
-        _store_plane(v_ptr, 7, PC, offs, pc_mask, v3, EMULATE_BF16)
-        v0, v1, v2, v3 = _bt_combine(r20, r21, r22, r23)
-        _store_plane(v_ptr, 8, PC, offs, pc_mask, v0, EMULATE_BF16)
-        _store_plane(v_ptr, 9, PC, offs, pc_mask, v1, EMULATE_BF16)
-        _store_plane(v_ptr, 10, PC, offs, pc_mask, v2, EMULATE_BF16)
-        _store_plane(v_ptr, 11, PC, offs, pc_mask, v3, EMULATE_BF16)
-        v0, v1, v2, v3 = _bt_combine(r30, r31, r32, r33)
-        _store_plane(v_ptr, 12, PC, offs, pc_mask, v0, EMULATE_BF16)
-        _store_plane(v_ptr, 13, PC, offs, pc_mask, v1, EMULATE_BF16)
-        _store_plane(v_ptr, 14, PC, offs, pc_mask, v2, EMULATE_BF16)
-        _store_plane(v_ptr, 15, PC, offs, pc_mask, v3, EMULATE_BF16)
+        _store_row(v_ptr, 0, PC, offs, pc_mask, r00, r01, r02, r03, EMULATE_BF16)
+        _store_row(v_ptr, 1, PC, offs, pc_mask, r10, r11, r12, r13, EMULATE_BF16)
+        _store_row(v_ptr, 2, PC, offs, pc_mask, r20, r21, r22, r23, EMULATE_BF16)
+        _store_row(v_ptr, 3, PC, offs, pc_mask, r30, r31, r32, r33, EMULATE_BF16)
 
     @triton.jit
     def _winograd_gemm_kernel(
