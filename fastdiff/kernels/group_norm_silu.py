@@ -73,6 +73,12 @@ def _layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 if HAS_TRITON:
 
     @triton.jit
+    def _sample_and_group(ng, C, CG):
+        """(n, g) of program ``ng``, which handles group g of sample n (C // CG groups per sample)."""
+        G = C // CG
+        return ng // G, ng % G
+
+    @triton.jit
     def _gn_stats_kernel(
         x_ptr, part_ptr,
         C, HW, CG, HW_PER_SPLIT, SPLIT,
@@ -82,9 +88,7 @@ if HAS_TRITON:
         """Partial (count, mean, M2) of one (n, g) over one slice of pixels."""
         ng = tl.program_id(0)
         s = tl.program_id(1)
-        G = C // CG
-        n = ng // G
-        g = ng % G
+        n, g = _sample_and_group(ng, C, CG)
         base = x_ptr + n.to(tl.int64) * sxn + (g * CG).to(tl.int64) * sxc
         hw_start = s * HW_PER_SPLIT
         hw_end = tl.minimum(hw_start + HW_PER_SPLIT, HW)
@@ -124,9 +128,7 @@ if HAS_TRITON:
     ):  # fmt: skip
         """Combine the partials of one (n, g) and write per-channel scale/shift for its channels."""
         ng = tl.program_id(0)
-        G = C // CG
-        n = ng // G
-        g = ng % G
+        n, g = _sample_and_group(ng, C, CG)
         s = tl.arange(0, BLOCK_S)
         s_mask = s < SPLIT
         p = part_ptr + (ng * SPLIT + s) * 3
@@ -189,9 +191,7 @@ if HAS_TRITON:
     ):  # fmt: skip
         """Whole (n, g) group in registers: exact two-pass statistics, then normalise + SiLU, one read."""
         ng = tl.program_id(0)
-        G = C // CG
-        n = ng // G
-        g = ng % G
+        n, g = _sample_and_group(ng, C, CG)
         hw = tl.arange(0, BLOCK_HW)
         cc = tl.arange(0, BLOCK_CG)
         mask = (hw < HW)[:, None] & (cc < CG)[None, :]
