@@ -228,9 +228,7 @@ if HAS_TRITON:
         """V[i, p, c] = (B^T d B)[i] for the 4x4 input tile d of tile p, channel c."""
         p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        p_mask = p < P
-        c_mask = c < C
-        pc_mask = p_mask[:, None] & c_mask[None, :]
+        pc_mask = (p < P)[:, None] & (c < C)[None, :]
         n = p // (TH * TW)
         t = p % (TH * TW)
         h0 = (t // TW) * 2 - 1  # top-left input pixel of the 4x4 tile (padding 1)
