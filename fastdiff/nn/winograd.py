@@ -82,9 +82,6 @@ class TransformedWeightCache:
             self.rebuilds += 1
         return self._value
 
-    def clear(self) -> None:
-        self._key = self._value = None
-
 
 class PlannedModule:
     """Mixin of fastdiff's kernel-backed modules: ``plans`` is their memo of decisions, one per input shape."""
