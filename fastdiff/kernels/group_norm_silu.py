@@ -219,7 +219,7 @@ if HAS_TRITON:
 
 
 def _num_splits(n_groups_total: int, hw: int, block_hw: int, device: torch.device) -> int:
-    """Programs per (n, g) for the statistics pass: enough to fill a GPU, one when interpreting."""
+    """Programs per (n, g) for the statistics pass: enough to fill a GPU, at most two off CUDA."""
     blocks = triton.cdiv(hw, block_hw)
     if device.type != "cuda":
         return min(2, blocks)
