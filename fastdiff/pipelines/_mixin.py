@@ -106,9 +106,10 @@ class FastdiffPipelineMixin:
             preview_steps=preview_steps,
             text_to_image=self._fastdiff_text_to_image,
         )
+        runs = self.scheduler
         if plan is not None and plan.use_default_sampler:
             check_default_sampler_fits(self, steps)
-        runs = default_scheduler(like=self.scheduler) if plan and plan.use_default_sampler else self.scheduler
+            runs = default_scheduler(like=self.scheduler)
         check_eta(kwargs, runs)
         if plan is None:
             return self._fastdiff_passthrough(args, kwargs)
