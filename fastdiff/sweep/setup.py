@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
+import fastdiff
 from fastdiff.sweep.embeddings import PromptEncoder, StableDiffusionEncoder, StableDiffusionXLEncoder
 from fastdiff.sweep.spec import Config, Spec
 
@@ -157,23 +158,15 @@ def configured(pipes: Pipelines, config: Config):
                 if "schedule" in config.options:
                     opts["schedule"] = config.get("schedule")
                 pipe.scheduler = make_scheduler(sampler, like=original_scheduler, **opts)
-        if config.get("optimize") is not None:
-            import fastdiff
-
-            fastdiff.optimize(pipe, **config.get("optimize"))
-            changed.append(pipe)
-        if config.get("engine") is not None:
-            import fastdiff
-
-            fastdiff.compile_engine(pipe, **config.get("engine"))
-            changed.append(pipe)
-        if (
-            config.get("step_cache") is not None
-        ):  # after optimize: a pass that swaps a module drops its wrapper
-            import fastdiff
-
-            fastdiff.step_cache(pipe, **config.get("step_cache"))
-            changed.append(pipe)
+        # in this order: a step cache after optimize, since a pass that swaps a module drops its wrapper
+        for key, install in (
+            ("optimize", "optimize"),
+            ("engine", "compile_engine"),
+            ("step_cache", "step_cache"),
+        ):
+            if config.get(key) is not None:
+                getattr(fastdiff, install)(pipe, **config.get(key))  # loads only what the spec uses
+                changed.append(pipe)
         kwargs = {"guidance_scale": float(config.get("guidance", spec.guidance))}
         steps = config.get("steps")
         if isinstance(steps, str):
@@ -194,8 +187,6 @@ def configured(pipes: Pipelines, config: Config):
         yield pipe, encoder, kwargs
     finally:
         if changed:
-            import fastdiff
-
             fastdiff.restore(pipe)
         pipe.scheduler = original_scheduler
 
