@@ -253,7 +253,10 @@ def _markdown(rows: list[dict], prompts: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="fastdiff demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="fastdiff demo",
+        description=__doc__.split("\n\n")[0].replace("``", ""),  # no RST in --help
+    )
     p.add_argument("--out", default="fastdiff-out", help="output folder (default ./fastdiff-out)")
     p.add_argument(
         "--prompt", action="append", dest="prompts", help="prompt (repeatable); default: 4 built-in prompts"
