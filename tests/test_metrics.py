@@ -195,3 +195,42 @@ def test_neighbour_difference_against_a_pixel_loop():
     assert neighbour_difference(imgs).tolist() == pytest.approx(want, rel=1e-12)
     flat = np.full((1, 8, 8, 3), 0.4)
     assert neighbour_difference(flat).tolist() == [0.0]
+
+
+def _ssim_window_loop(a: np.ndarray, b: np.ndarray, data_range: float, size=11, sigma=1.5) -> float:
+    """SSIM of one (C, H, W) pair from Wang et al. (2004) eq. 13, one window at a time in float64:
+    Gaussian-weighted means, variances and covariance over every valid size x size window."""
+    x = np.arange(size) - (size - 1) / 2
+    w = np.exp(-(x[:, None] ** 2 + x[None, :] ** 2) / (2 * sigma**2))
+    w /= w.sum()
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    values = []
+    for ch in range(a.shape[0]):
+        for i in range(a.shape[1] - size + 1):
+            for j in range(a.shape[2] - size + 1):
+                pa, pb = a[ch, i : i + size, j : j + size], b[ch, i : i + size, j : j + size]
+                ma, mb = (w * pa).sum(), (w * pb).sum()
+                va, vb = (w * (pa - ma) ** 2).sum(), (w * (pb - mb) ** 2).sum()
+                cov = (w * (pa - ma) * (pb - mb)).sum()
+                values.append(((2 * ma * mb + c1) * (2 * cov + c2)) / ((ma**2 + mb**2 + c1) * (va + vb + c2)))
+    return float(np.mean(values))
+
+
+@pytest.mark.parametrize("shape, data_range", [((2, 3, 16, 19), 1.0), ((1, 1, 13, 11), 255.0)])
+def test_ssim_against_a_window_loop(shape, data_range):
+    a = _rand(7, shape).double() * data_range
+    b = (a + 0.2 * data_range * torch.randn(shape, generator=torch.Generator().manual_seed(8))).clamp(
+        0, data_range
+    )
+    per_image = ssim(a, b, data_range=data_range, reduction="none")
+    ref = [_ssim_window_loop(a[i].numpy(), b[i].numpy(), data_range) for i in range(shape[0])]
+    ref_t = torch.tensor(ref, dtype=torch.float64)
+    rel = float((per_image - ref_t).norm() / ref_t.norm())
+    assert rel < 1e-10, (per_image, ref)
+    assert ssim(a, b, data_range=data_range, reduction="min") == pytest.approx(min(ref), rel=1e-10)
+
+
+def test_psnr_reduction_error_lists_pooled():
+    a = _rand(3)
+    with pytest.raises(ValueError, match="'pooled'"):
+        psnr(a, a * 0.5, reduction="median")

@@ -25,14 +25,14 @@ def _pair(a, b):
     return a, b
 
 
-def _reduce(values: torch.Tensor, reduction: str):
+def _reduce(values: torch.Tensor, reduction: str, valid: str = "'mean', 'min' or 'none'"):
     if reduction == "mean":
         return float(values.mean())
     if reduction == "min":
         return float(values.min())
     if reduction == "none":
         return values
-    raise ValueError(f"reduction must be 'mean', 'min' or 'none', got {reduction!r}")
+    raise ValueError(f"reduction must be {valid}, got {reduction!r}")
 
 
 def _range(data_range, n: int) -> torch.Tensor:
@@ -69,7 +69,7 @@ def psnr(a, b, data_range=1.0, reduction: str = "mean"):
     mse = err.mean(1)
     with torch.no_grad():
         values = torch.where(mse == 0, torch.full_like(mse, math.inf), 10 * torch.log10(r**2 / mse))
-    return _reduce(values, reduction)
+    return _reduce(values, reduction, "'mean', 'min', 'none' or 'pooled'")
 
 
 def _gaussian_window(size: int, sigma: float) -> torch.Tensor:
