@@ -593,7 +593,9 @@ def main():
             "and are quoted as 'earlier machine'."
         )
         + "\n- Cached rebuild and memory goals: engines-cpu-memory.json was measured on the AVX2-only machine "
-        "(memory and cache reads do not depend on VNNI/bf16); not re-measured on the AVX-512 machine, except a whole default int8 build at 512^2 (engines-cpu-sd15-512-avx512 run 3)."
+        "(memory and cache reads do not depend on VNNI/bf16); on the AVX-512 machine only a whole default int8 "
+        "build at 512^2 (engines-cpu-sd15-512-avx512 run 3) and an ONNX Runtime int8 cache hit at 256^2 "
+        "(engines-cpu-sd15-256-avx512 run 15) were measured."
         + "\n- Cached rebuild (cache format 2): the 512^2 fp32 entry was filled by `engines_memory.py adopt` from "
         "the format-1 entry built at 15:26 UTC by the same export code (identical artifacts copied; key, "
         "meta.json and checksums written by compile_engine itself) instead of a 10-minute export on the shared "
