@@ -94,6 +94,33 @@ class UNetSignature:
                 raise ValueError(f"{name} has batch {value.shape[0]}, sample has {batch}")
         return flat
 
+    def check_flat(self, flat: dict[str, torch.Tensor]) -> None:
+        """Raise ``ValueError`` saying what differs when ``flat`` (a record) was not made for this U-Net.
+
+        Names must be exactly :attr:`input_names`, and the widths the config fixes must agree: the
+        sample's channels, the text width, and the LCM / SDXL conditioning widths.
+        """
+        names = set(flat)
+        if names != set(self.input_names):
+            extra, missing = sorted(names - set(self.input_names)), sorted(set(self.input_names) - names)
+            raise ValueError(
+                f"inputs {sorted(names)} are not this U-Net's {list(self.input_names)} "
+                f"(extra {extra}, missing {missing})"
+            )
+        widths = {
+            "sample": (1, self.in_channels, "in_channels"),
+            "encoder_hidden_states": (-1, self.cross_attention_dim, "cross_attention_dim"),
+            "timestep_cond": (-1, self.time_cond_dim, "time_cond_proj_dim"),
+            "text_embeds": (-1, self.text_embeds_dim, "the pooled text width"),
+            "time_ids": (-1, self.time_ids_dim, "time_ids"),
+        }
+        for name, (dim, want, what) in widths.items():
+            if name in flat and (flat[name].ndim < 2 or flat[name].shape[dim] != want):
+                raise ValueError(
+                    f"{name} has shape {tuple(flat[name].shape)}; this U-Net's {what} is {want} "
+                    f"(dimension {dim} must equal it)"
+                )
+
     def from_flat(self, flat: dict[str, torch.Tensor]) -> dict:
         """Keyword arguments for ``unet(**kwargs, return_dict=False)`` from flat inputs."""
         missing = [n for n in self.input_names if n not in flat]

@@ -6,6 +6,7 @@ TensorRT cannot run here (no GPU, not installed): only its guard and profile sha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -662,6 +663,23 @@ def test_compile_engine_bad_arguments(pipe, calib):
         compile_engine(pipe, precision="int8", calibration=[1, 2])
     with pytest.raises(TypeError, match="pipeline"):
         compile_engine(object())
+
+
+def test_records_of_another_unet_are_rejected_before_any_build(pipe, calib, count_exports, tmp_path):
+    """SDXL records (or another text width) fed to this SD1.5 engine: a ValueError naming the argument,
+    not ONNX Runtime's INVALID_ARGUMENT from inside the quality check after the export."""
+    sig = unet_signature(pipe.unet)
+    sdxl = dataclasses.replace(sig, text_embeds_dim=16, time_ids_dim=6)
+    sdxl_records = CalibrationData([sdxl.example_inputs(2, 8, 8, sequence=5) for _ in range(3)])
+    with pytest.raises(ValueError, match=r"calibration records were not recorded from this U-Net.*extra"):
+        compile_engine(pipe, precision="int8", calibration=sdxl_records, cache_dir=tmp_path, install=False)
+    wide = dataclasses.replace(sig, cross_attention_dim=sig.cross_attention_dim * 2)
+    wide_records = CalibrationData([wide.example_inputs(2, 8, 8, sequence=5) for _ in range(2)])
+    with pytest.raises(ValueError, match=r"quality_inputs records.*cross_attention_dim"):
+        compile_engine(pipe, quality_inputs=wide_records, cache_dir=tmp_path, install=False)
+    with pytest.raises(TypeError, match="quality_inputs must be CalibrationData"):
+        compile_engine(pipe, quality_inputs=[calib.records[0]], cache_dir=tmp_path, install=False)
+    assert count_exports == []
 
 
 def test_public_export():

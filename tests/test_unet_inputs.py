@@ -89,3 +89,26 @@ def test_module_loads_no_onnx_or_pipelines():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_check_flat_accepts_its_own_inputs_and_names_what_differs(unet):
+    sig = unet_signature(unet)
+    ex = sig.example_inputs(2, 8, 8, sequence=5)
+    sig.check_flat(ex)  # its own inputs pass
+    wrong_text = {**ex, "encoder_hidden_states": torch.randn(2, 5, sig.cross_attention_dim + 1)}
+    with pytest.raises(
+        ValueError, match=rf"encoder_hidden_states.*cross_attention_dim is {sig.cross_attention_dim}"
+    ):
+        sig.check_flat(wrong_text)
+    with pytest.raises(ValueError, match=rf"sample.*in_channels is {sig.in_channels}"):
+        sig.check_flat({**ex, "sample": torch.randn(2, sig.in_channels + 3, 8, 8)})
+    with pytest.raises(ValueError, match=r"extra \['bogus'\]"):
+        sig.check_flat({**ex, "bogus": torch.zeros(2)})
+    with pytest.raises(ValueError, match=r"missing \['encoder_hidden_states'\]"):
+        sig.check_flat({k: v for k, v in ex.items() if k != "encoder_hidden_states"})
+    if sig.text_embeds_dim is not None:
+        with pytest.raises(ValueError, match="text_embeds"):
+            sig.check_flat({**ex, "text_embeds": torch.randn(2, sig.text_embeds_dim + 2)})
+    if sig.time_cond_dim is not None:
+        with pytest.raises(ValueError, match="timestep_cond.*time_cond_proj_dim"):
+            sig.check_flat({**ex, "timestep_cond": torch.randn(2, sig.time_cond_dim - 1)})

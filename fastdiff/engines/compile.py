@@ -115,10 +115,9 @@ def compile_engine(
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"{name} must be a fastdiff.engines.{kind.__name__} or None, got {value!r}")
     check_verify(verify)
-    if calibration is not None and not isinstance(calibration, CalibrationData):
-        raise TypeError(
-            f"calibration must be CalibrationData (from calibrate()), got {type(calibration).__name__}"
-        )
+    for arg, data in (("calibration", calibration), ("quality_inputs", quality_inputs)):
+        if data is not None and not isinstance(data, CalibrationData):
+            raise TypeError(f"{arg} must be CalibrationData (from calibrate()), got {type(data).__name__}")
     if precision in QUANTISED and calibration is None:
         raise ValueError(
             f"{precision} needs calibration data: "
@@ -139,6 +138,15 @@ def compile_engine(
         require("onnxruntime", "ONNX Runtime engines")
     pipe, unet = _resolve(pipe_or_unet)
     signature = _export.unet_signature(unet)
+    for arg, data in (("calibration", calibration), ("quality_inputs", quality_inputs)):
+        if data is not None and len(data):  # one calibrate() call records one U-Net's inputs: check one
+            try:
+                signature.check_flat(data.records[0])
+            except ValueError as e:
+                raise ValueError(
+                    f"{arg} records were not recorded from this U-Net: {e}. Record them on this pipeline: "
+                    "calibration = fastdiff.engines.calibrate(pipe, prompts)"
+                ) from None
     quant, gate = quant or QuantConfig(), gate or GateConfig()
     export, runtime = export or ExportConfig(), runtime or RuntimeConfig()
     sequence_length = export.sequence_length
