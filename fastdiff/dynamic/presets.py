@@ -40,7 +40,7 @@ def resolve_steps(steps) -> tuple[int | str, str]:
     if isinstance(steps, int):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        return steps, f"fixed: {steps} steps requested"
+        return steps, f"fixed: {steps} step{'' if steps == 1 else 's'} requested"
     if isinstance(steps, str):
         key = steps.lower()
         if key == "auto":
