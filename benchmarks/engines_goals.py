@@ -397,10 +397,20 @@ def goals(not_run: dict) -> list[dict]:
                 f"met without the quality check: {', '.join(under_without)}" if under_without else "",
                 f"not met: {', '.join(over)}" if over else "",
                 *(
-                    f"{v} under 120 s only with smooth_quant={r['smooth_quant']} (run {r['run']}, {r['build_s']} s: "
-                    "not the default, it costs SNR on trained weights)"
+                    f"{v} under 120 s in an earlier fresh build: run {r['run']}, {r['build_s']} s"
+                    + (f" on {r['quantize_records']} records" if "quantize_records" in r else "")
+                    + (
+                        " with smooth_quant=False (not the default: it costs SNR on trained weights)"
+                        if r.get("smooth_quant") is False
+                        else ""
+                    )
+                    + (
+                        f" (run {latest[v]['run']}: {latest[v]['quantize_records']} records)"
+                        if "quantize_records" in latest[v]
+                        else ""
+                    )
                     for v, r in options.items()
-                    if r is not None and "smooth_quant" in r
+                    if r is not None
                 ),
             )
             if part
