@@ -145,12 +145,40 @@ def _within_two(diffs: dict) -> str:
     )
 
 
+# The AVX-512 machine's 576-image run (the same 72 combinations x 8 seeds), decided on before it ran
+# (2026-12-07 13:40 UTC) as that machine's judged figure, for the AVX2 run's reason: the 144-image
+# judgment (int8 +4.2 points) has a paired interval wider than the 2-point goal. The 144-image rows stay
+# in the evidence.
+AVX512_TINY_576 = "engines-tiny-e2e-avx512-576"
+
+
 def _within_two_576(tiny_name) -> str:
-    """The AVX2 machine's judgment on its 576-image run, beside the AVX-512 machine's on 144 images."""
-    data = _load(AVX2_TINY_576) if tiny_name.endswith(AVX512) else None
-    if not data:
+    """The 576-image judgments: the AVX-512 machine's (when run) in place of its 144-image one, and the
+    AVX2 machine's beside it."""
+    if not tiny_name.endswith(AVX512):
         return ""
-    return f" (AVX-512, 144 images); AVX2 only, 576 images: {_within_two(_points(data))}"
+    wide, avx2 = _load(AVX512_TINY_576), _load(AVX2_TINY_576)
+    out = " (AVX-512, 144 images)" if not wide else ""
+    if avx2:
+        out += f"; AVX2 only, 576 images: {_within_two(_points(avx2))}"
+    return out
+
+
+def _avx512_576() -> tuple[str, str]:
+    """(status, evidence) of the AVX-512 576-image run, or empty strings before it exists."""
+    wide = _load(AVX512_TINY_576)
+    if not wide:
+        return "", ""
+    base = next(r for r in wide["rows"] if r["variant"] == "eager")
+    ci95 = {r["variant"]: f" [{r['ci95']}]" for r in wide["rows"] if "ci95" in r}
+    points = _points(wide)
+    return (
+        f"AVX-512, 576 images: {_within_two(points)}",
+        f"({AVX512_TINY_576}, the judged AVX-512 figure, decided before it ran; the paired 95 % interval in "
+        f"brackets) eager fp32 'all' {base['all']:.3f}; points vs eager: "
+        + ", ".join(f"{v} {d:+.1f}{ci95.get(v, '')}" for v, d in points.items())
+        + "; before it, on 144 images: ",
+    )
 
 
 def _hint_pair(side) -> str:
@@ -357,11 +385,13 @@ def goals(not_run: dict) -> list[dict]:
                 f"; rerun {why} ({tiny_name}{suffix}, eager 'all' {rbase['all']:.3f}) replaces "
                 f"{', '.join(replaced)}"
             )
+        wide_status, wide_evidence = _avx512_576() if tiny_name.endswith(AVX512) else ("", "")
         out.append(
             {
                 "goal": "fastdiff-tiny end to end within 2 points of fp32 attribute accuracy ('all', at least 144 images)",
-                "status": _within_two(diffs) + _within_two_576(tiny_name),
-                "evidence": f"({tiny_name}) eager fp32 'all' {base['all']:.3f}; points vs eager: "
+                "status": (wide_status or _within_two(diffs)) + _within_two_576(tiny_name),
+                "evidence": wide_evidence
+                + f"({tiny_name}) eager fp32 'all' {base['all']:.3f}; points vs eager: "
                 + ", ".join(f"{k} {v:+.1f}" for k, v in diffs.items())
                 + superseded
                 + _earlier_tiny(tiny_name),
