@@ -167,6 +167,12 @@ def main(argv=None):
         help="QuantConfig.statistics_hint (OpenVINO): precision of NNCF's statistics models",
     )
     p.add_argument(
+        "--statistics-batch",
+        default="default",
+        help="QuantConfig.statistics_batch (OpenVINO): rows per NNCF statistics inference, 'none' for whole "
+        "records, or 'default' (QuantConfig's)",
+    )
+    p.add_argument(
         "--source",
         choices=["pytorch", "onnx"],
         default="pytorch",
@@ -183,6 +189,12 @@ def main(argv=None):
     from engines import _prompts, make_pipeline
 
     from fastdiff.engines import ExportConfig, GateConfig, QuantConfig, compile_engine
+
+    statistics_batch = {"none": None, "default": QuantConfig().statistics_batch}.get(
+        args.statistics_batch.lower(), None
+    )
+    if args.statistics_batch.lower() not in ("none", "default"):
+        statistics_batch = int(args.statistics_batch)
 
     load_before = os.getloadavg()
     pipe, args.side = make_pipeline(args.model, args.side)
@@ -215,6 +227,7 @@ def main(argv=None):
                 max_calibration_records=args.records,
                 smooth_quant=args.smooth_quant == "on",
                 statistics_hint=args.statistics_hint,
+                statistics_batch=statistics_batch,
             ),
             export=ExportConfig(openvino_source=args.source),
         )
@@ -235,6 +248,7 @@ def main(argv=None):
             "records": {"calibrate": len(fit), "judge": len(held), "recorded_s": round(records_s, 1)},
             "backend": args.backend,
             "smooth_quant": args.smooth_quant == "on" if args.backend == "openvino" else None,
+            "statistics_batch": statistics_batch if args.backend == "openvino" else None,
             "statistics_hint": engine.build_info.get("statistics_hint")
             if args.backend == "openvino"
             else None,
@@ -262,7 +276,8 @@ def main(argv=None):
             f"{len(held)} held-back records"
             + (
                 f"; SmoothQuant {args.smooth_quant}; NNCF statistics at the "
-                f"{engine.build_info.get('statistics_hint')} hint (engine at {engine.build_info.get('hint')})."
+                f"{engine.build_info.get('statistics_hint')} hint (engine at {engine.build_info.get('hint')}), "
+                f"{'whole records' if statistics_batch is None else f'{statistics_batch} row(s)'} per statistics inference."
                 if args.backend == "openvino"
                 else "."
             ),

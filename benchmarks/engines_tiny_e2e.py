@@ -144,7 +144,15 @@ def main(argv=None):
         build_s, quality, info = 0.0, {}, {}
         with PeakRSS() as mem:
             if variant != "eager":
-                backend, precision = variant.split("-")
+                backend, precision, *flags = variant.split("-")
+                if len(flags) > 1 or set(flags) - {"whole", "rows1"}:
+                    raise SystemExit(
+                        f"unknown variant flags in {variant!r}; valid: one of -whole, -rows1 (OpenVINO int8/mixed)"
+                    )
+                if flags and not (backend == "ov" and precision in ("int8", "mixed")):
+                    raise SystemExit(
+                        f"{variant!r}: -whole and -rows1 are for OpenVINO int8/mixed variants only"
+                    )
                 kwargs = {}
                 if precision in ("int8", "mixed", "auto"):  # calibrate on the recorded training prompts
                     if calib is None:
@@ -153,7 +161,9 @@ def main(argv=None):
                         ]
                         calib = calibrate(pipe, train, args.calib_steps, guidance_scale=GUIDANCE)
                         log(f"calibration: {len(calib)} records from {len(train)} training prompts")
-                    kwargs = {"calibration": calib, "quant": QuantConfig(max_calibration_records=64)}
+                    # NNCF's statistics on whole records (a guidance pair at once) or one row at a time
+                    batch = {"statistics_batch": {"whole": None, "rows1": 1}[flags[0]]} if flags else {}
+                    kwargs = {"calibration": calib, "quant": QuantConfig(max_calibration_records=64, **batch)}
                 t0 = time.perf_counter()
                 engine = compile_engine(
                     pipe,
@@ -213,7 +223,9 @@ def main(argv=None):
         "- points: 'all' against eager in points; gained / lost: images right only in the variant / only in "
         "eager; ci95: the paired 95 % interval of points; mcnemar_p: exact McNemar test of gained against lost.",
         f"- int8: calibrated on {args.calib_prompts} training prompts x {args.calib_steps} steps recorded with the "
-        "same scheduler (every 4th record held back for the SNR column, at most 64 calibrate).",
+        "same scheduler (every 4th record held back for the SNR column, at most 64 calibrate). NNCF's statistics "
+        f"run at QuantConfig.statistics_batch={QuantConfig().statistics_batch} (the default) unless the variant "
+        "says: '-whole' on whole records (a guidance pair at once, None), '-rows1' one row at a time (1).",
         f"- CPU flags that matter here: {', '.join(engine_flags())}; load {meta['load_1min']} (1 min) at the end. "
         "seconds: generating all images (an engine's per-shape compile on its first batch included; the "
         "machine is shared, so compare ratios only); build_s: compile_engine (calibration recording excluded).",

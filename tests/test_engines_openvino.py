@@ -762,3 +762,101 @@ def test_overflow_fix_follows_vnni_and_keys_the_cache(vnni, int8_cache, monkeypa
     assert ov_build.overflow_fix(QuantConfig(overflow_fix="disable")) == "disable"
     with pytest.raises(ValueError, match=r"QuantConfig.overflow_fix must be one of \['auto', .*got 'on'"):
         QuantConfig(overflow_fix="on")
+
+
+def _toy_conv(seed: int = 0):
+    """sample -> 3x3 Convolution: one activation quantiser, on the model input itself."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    x = ops.parameter([-1, 4, 8, 8], np.float32, name="sample")
+    w = ops.constant(np.random.default_rng(seed).standard_normal((8, 4, 3, 3)).astype(np.float32))
+    return ov.Model([ops.result(ops.convolution(x, w, [1, 1], [1, 1], [1, 1], [1, 1]))], [x], "toy")
+
+
+def _input_range(model) -> tuple[float, float]:
+    """(input_low, input_high) of the FakeQuantize that reads the ``sample`` Parameter."""
+    import numpy as np
+
+    for op in model.get_ordered_ops():
+        if (
+            op.get_type_name() == "FakeQuantize"
+            and op.input_value(0).get_node().get_type_name() == "Parameter"
+        ):
+            return tuple(
+                float(np.asarray(op.input_value(i).get_node().get_data()).ravel()[0]) for i in (1, 2)
+            )
+    raise AssertionError("no FakeQuantize on the model input")
+
+
+@pytest.mark.parametrize("rows", [None, 1, 2])
+def test_statistics_batch_averages_activation_ranges_over_row_pieces(rows):
+    """#14 (memory at 512^2): QuantConfig.statistics_batch cuts each record along its batch axis before
+    NNCF's statistics run. NNCF's activation range is the mean over its samples of each sample's min
+    (max): with whole records that is the mean of per-record minima, with one-row pieces the mean of
+    per-row minima, over every piece (the sample count NNCF reads must follow the pieces). Reference:
+    the same means computed from the records in float64. The rows differ 4x in scale so the two
+    differ by about a third."""
+    g = torch.Generator().manual_seed(1)
+    scale = torch.tensor([1.0, 4.0, 2.0]).view(3, 1, 1, 1)
+    records = [{"sample": torch.randn(3, 4, 8, 8, generator=g) * scale} for _ in range(3)]
+    model = runtime_ov.quantize(
+        _toy_conv(), records, num_records=len(records), smooth_quant=False, statistics_batch=rows
+    )
+    step = rows or 3
+    pieces = [r["sample"][i : i + step].double() for r in records for i in range(0, 3, step)]
+    want_lo = sum(p.min() for p in pieces).item() / len(pieces)
+    want_hi = sum(p.max() for p in pieces).item() / len(pieces)
+    lo, hi = _input_range(model)
+    # NNCF widens one end by about a level (1.1 seen) so that 0 falls on one: allow two.
+    level = (want_hi - want_lo) / 255
+    assert abs(lo - want_lo) <= 2 * level and abs(hi - want_hi) <= 2 * level, (lo, hi, want_lo, want_hi)
+    whole_lo = sum(r["sample"].double().min() for r in records).item() / len(records)
+    if rows is not None:
+        assert abs(lo - whole_lo) > 0.15 * abs(whole_lo)
+
+
+def test_row_pieces_slice_every_input_lazily_and_again():
+    """RowPieces: every flat input cut along dim 0 into pieces of at most n rows, the last one shorter;
+    iterated twice (NNCF reads the records once per statistics pass) it yields the same pieces."""
+    records = [
+        {"sample": torch.arange(3.0).view(3, 1), "timestep": torch.tensor([5.0, 6.0, 7.0])},
+        {"sample": torch.arange(3.0, 5.0).view(2, 1), "timestep": torch.tensor([8.0, 9.0])},
+    ]
+    pieces = runtime_ov.RowPieces(records, 2)
+    first, again = list(pieces), list(pieces)
+    assert [p["sample"].ravel().tolist() for p in first] == [[0.0, 1.0], [2.0], [3.0, 4.0]]
+    assert [p["timestep"].tolist() for p in first] == [[5.0, 6.0], [7.0], [8.0, 9.0]]
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(first, again) for k in a)
+    with pytest.raises(ValueError, match=r"statistics_batch must be a positive int .* got 0"):
+        runtime_ov.quantize(_toy_conv(), records, num_records=1, statistics_batch=0)
+    for bad in (0, True, 1.5, "1"):
+        with pytest.raises(ValueError, match=r"QuantConfig.statistics_batch must be a positive int"):
+            QuantConfig(statistics_batch=bad)
+
+
+def test_statistics_batch_keys_the_cache(pipe, calib, int8_cache, monkeypatch):
+    """The int8 engine built with the default statistics_batch is not what another value asks for:
+    another key, so a build, never the cached engine."""
+    root, engine = int8_cache
+
+    class Built(Exception):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise Built
+
+    monkeypatch.setattr(compile_mod, "build", refuse)
+    kwargs = dict(
+        backend="openvino",
+        precision="int8",
+        calibration=calib,
+        cache_dir=root,
+        gate=GateConfig(min_snr_db=None),
+        export=ExportConfig(openvino_source="onnx"),
+    )
+    assert compile_engine(pipe.unet, **kwargs).cache_hit  # the default: the fixture's engine
+    other = None if QuantConfig().statistics_batch is not None else 1
+    with pytest.raises(Built):
+        compile_engine(pipe.unet, quant=QuantConfig(statistics_batch=other), **kwargs)

@@ -190,6 +190,7 @@ def compile_engine(
             "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
             "statistics_hint": statistics_hint(quant, runtime, precision),
             "overflow_fix": overflow_fix(quant),  # follows the CPU: the graph differs (7-bit weights)
+            "statistics_batch": quant.statistics_batch,
             "nncf": library_versions("nncf").get("nncf"),
         }
     elif precision == "int8":

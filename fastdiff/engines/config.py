@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from .quantization import DEFAULT_EXCLUDE
-from .runtime_ov import BIAS_CORRECTIONS, OVERFLOW_FIXES
+from .runtime_ov import BIAS_CORRECTIONS, OVERFLOW_FIXES, check_statistics_batch
 
 STATISTICS_HINTS = ("engine", "f32", "bf16")  # QuantConfig.statistics_hint
 
@@ -26,6 +26,8 @@ class QuantConfig:
     "f32" (NNCF's default) or "bf16". overflow_fix: OpenVINO, which layers' int8 weights use half the
     range, NNCF's OverflowFix ("enable", "first_layer_only", "disable") or "auto": "enable" on CPUs without
     VNNI, NNCF's "first_layer_only" elsewhere (:func:`fastdiff.engines.openvino_build.overflow_fix`).
+    statistics_batch: OpenVINO, how many rows of a record NNCF's statistics models run at once (1: each
+    image of a guidance pair on its own; None: whole records; see :func:`fastdiff.engines.runtime_ov.quantize`).
     calibration_memory_gb: ONNX Runtime percentile/entropy calibration (int8 and
     :func:`fastdiff.engines.layer_sensitivity`), about how many GB of one record's activations are alive at once: the tensors are
     calibrated in groups that fit (:mod:`fastdiff.engines.ort_calibration`; ORT's ranges exactly).
@@ -53,6 +55,7 @@ class QuantConfig:
     calibration_memory_gb: float = 1.0
     statistics_hint: str = "engine"
     overflow_fix: str = "auto"
+    statistics_batch: int | None = None
 
     def __post_init__(self):
         if isinstance(self.calibration_memory_gb, bool) or not (
@@ -70,6 +73,7 @@ class QuantConfig:
                 raise ValueError(
                     f"QuantConfig.{name} must be one of {list(valid)}, got {getattr(self, name)!r}"
                 )
+        check_statistics_batch(self.statistics_batch, "QuantConfig.statistics_batch")
         exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
         object.__setattr__(self, "exclude", exclude)
 

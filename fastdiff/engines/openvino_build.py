@@ -122,6 +122,7 @@ def build_openvino(
         statistics_hint=hint,
         compress_weights=precision != "mixed",
         overflow_fix=overflow_fix(spec.quant),
+        statistics_batch=spec.quant.statistics_batch,
     )
     if precision == "mixed":
         sensitivity = ov_sensitivity.group_sensitivity(model, quantised, held.subset(2), hint)

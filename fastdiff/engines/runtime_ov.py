@@ -28,6 +28,7 @@ with the number of records when the records themselves stream from disk
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -123,6 +124,27 @@ class _Progress:
                 bar.update()
 
 
+def check_statistics_batch(value, name: str = "statistics_batch") -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"{name} must be a positive int (rows per statistics inference) or None, got {value!r}"
+        )
+
+
+class RowPieces:
+    """The records cut along the batch axis (every flat input is batch-first) into pieces of at most
+    ``rows`` rows each: re-iterable and lazy, so records streamed from disk stay streamed."""
+
+    def __init__(self, records, rows: int):
+        self.records, self.rows = records, int(rows)
+
+    def __iter__(self):
+        for record in self.records:
+            batch = record["sample"].shape[0]
+            for start in range(0, batch, self.rows):
+                yield {name: value[start : start + self.rows] for name, value in record.items()}
+
+
 def record_shapes(records: Iterable[Mapping[str, torch.Tensor]], input_names: Sequence[str]) -> dict | None:
     """The one shape every record has per input, or None when the records differ."""
     shapes = None
@@ -163,6 +185,7 @@ def quantize(
     statistics_hint: str | None = None,
     compress_weights: bool = True,
     overflow_fix: str = "first_layer_only",
+    statistics_batch: int | None = None,
 ):
     """NNCF int8 post-training quantisation of an ``openvino.Model`` on recorded U-Net inputs.
 
@@ -197,6 +220,12 @@ def quantize(
             (every Convolution and MatMul), "first_layer_only" (NNCF's default) or "disable". Without
             VNNI the CPU's u8 x s8 products saturate at int16 (:mod:`fastdiff.engines.cpu`); 7-bit weights
             keep every pair sum in range.
+        statistics_batch: the batch NNCF's statistics models run at: each record is cut along its batch
+            axis into pieces of at most this many rows (:class:`RowPieces`), every piece counted as a
+            sample; None runs whole records. One row at a time holds half the activations of a
+            classifier-free-guidance pair. Ranges that NNCF takes as a maximum (SmoothQuant's, the
+            weights') are unchanged; the activations' min-max ranges, which NNCF averages over samples,
+            become averages over rows (NNCF's "batchwise statistics").
     """
     if overflow_fix not in OVERFLOW_FIXES:
         raise ValueError(f"overflow_fix must be one of {list(OVERFLOW_FIXES)}, got {overflow_fix!r}")
@@ -210,6 +239,11 @@ def quantize(
         OverflowFix,
     )
 
+    check_statistics_batch(statistics_batch)
+    if statistics_batch is not None:
+        first = itertools.islice(calibration, int(num_records))
+        num_records = sum(-(-record["sample"].shape[0] // statistics_batch) for record in first)
+        calibration = RowPieces(calibration, statistics_batch)
     input_names = [p.get_friendly_name() for p in model.get_parameters()]
     restore = None
     if static:
