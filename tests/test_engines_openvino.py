@@ -790,50 +790,127 @@ def _input_range(model) -> tuple[float, float]:
     raise AssertionError("no FakeQuantize on the model input")
 
 
-@pytest.mark.parametrize("rows", [None, 1, 2])
-def test_statistics_batch_averages_activation_ranges_over_row_pieces(rows):
-    """#14 (memory at 512^2): QuantConfig.statistics_batch cuts each record along its batch axis before
-    NNCF's statistics run. NNCF's activation range is the mean over its samples of each sample's min
-    (max): with whole records that is the mean of per-record minima, with one-row pieces the mean of
-    per-row minima, over every piece (the sample count NNCF reads must follow the pieces). Reference:
-    the same means computed from the records in float64. The rows differ 4x in scale so the two
-    differ by about a third."""
+@pytest.fixture
+def statistics_batches(monkeypatch):
+    """The batch of every input NNCF's compiled statistics models ran on."""
+    from nncf.openvino import engine as nncf_engine
+
+    seen, real = [], nncf_engine.OVCompiledModelEngine.infer
+
+    def spy(self, data):
+        seen.append(len(next(iter(data.values()))) if isinstance(data, dict) else None)
+        return real(self, data)
+
+    monkeypatch.setattr(nncf_engine.OVCompiledModelEngine, "infer", spy)
+    return seen
+
+
+@pytest.mark.parametrize("rows", [None, 1, 3])
+def test_statistics_batch_keeps_the_ranges_of_whole_records(rows, statistics_batches):
+    """#14 (memory at 512^2): QuantConfig.statistics_batch runs NNCF's statistics models on pieces of each
+    record, but NNCF must still see one sample per record. Its activation range is the mean over records
+    of each record's min (max); the reference is that mean computed from the records in float64. Rows of
+    a record differ 4x in scale, so per-row statistics (each row a sample) would be about a third
+    narrower. Batch 6 in pieces of 1 and 3 (none: 6 at once); the spy checks the pieces really ran."""
     g = torch.Generator().manual_seed(1)
-    scale = torch.tensor([1.0, 4.0, 2.0]).view(3, 1, 1, 1)
-    records = [{"sample": torch.randn(3, 4, 8, 8, generator=g) * scale} for _ in range(3)]
+    scale = torch.tensor([1.0, 4.0, 2.0, 1.0, 3.0, 0.5]).view(6, 1, 1, 1)
+    records = [{"sample": torch.randn(6, 4, 8, 8, generator=g) * scale} for _ in range(3)]
     model = runtime_ov.quantize(
         _toy_conv(), records, num_records=len(records), smooth_quant=False, statistics_batch=rows
     )
-    step = rows or 3
-    pieces = [r["sample"][i : i + step].double() for r in records for i in range(0, 3, step)]
-    want_lo = sum(p.min() for p in pieces).item() / len(pieces)
-    want_hi = sum(p.max() for p in pieces).item() / len(pieces)
+    want_lo = sum(r["sample"].double().min() for r in records).item() / len(records)
+    want_hi = sum(r["sample"].double().max() for r in records).item() / len(records)
     lo, hi = _input_range(model)
     # NNCF widens one end by about a level (1.1 seen) so that 0 falls on one: allow two.
     level = (want_hi - want_lo) / 255
     assert abs(lo - want_lo) <= 2 * level and abs(hi - want_hi) <= 2 * level, (lo, hi, want_lo, want_hi)
-    whole_lo = sum(r["sample"].double().min() for r in records).item() / len(records)
-    if rows is not None:
-        assert abs(lo - whole_lo) > 0.15 * abs(whole_lo)
+    per_row = [p.double().min().item() for r in records for p in r["sample"]]
+    assert abs(lo - sum(per_row) / len(per_row)) > 0.2 * abs(want_lo)  # the test can tell them apart
+    assert statistics_batches and set(statistics_batches) == {rows or 6}
 
 
-def test_row_pieces_slice_every_input_lazily_and_again():
-    """RowPieces: every flat input cut along dim 0 into pieces of at most n rows, the last one shorter;
-    iterated twice (NNCF reads the records once per statistics pass) it yields the same pieces."""
-    records = [
-        {"sample": torch.arange(3.0).view(3, 1), "timestep": torch.tensor([5.0, 6.0, 7.0])},
-        {"sample": torch.arange(3.0, 5.0).view(2, 1), "timestep": torch.tensor([8.0, 9.0])},
-    ]
-    pieces = runtime_ov.RowPieces(records, 2)
-    first, again = list(pieces), list(pieces)
-    assert [p["sample"].ravel().tolist() for p in first] == [[0.0, 1.0], [2.0], [3.0, 4.0]]
-    assert [p["timestep"].tolist() for p in first] == [[5.0, 6.0], [7.0], [8.0, 9.0]]
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(first, again) for k in a)
-    with pytest.raises(ValueError, match=r"statistics_batch must be a positive int .* got 0"):
-        runtime_ov.quantize(_toy_conv(), records, num_records=1, statistics_batch=0)
+def test_statistics_batch_gives_nncf_the_whole_record_ranges_on_the_u_net(
+    pipe, calib, tmp_path, statistics_batches
+):
+    """The tiny SD1.5 U-Net with SmoothQuant on (both NNCF passes: per-channel abs-max and shape
+    statistics, then min-max), statistics at f32: every FakeQuantize range with guidance pairs run one row
+    at a time equals the ranges of whole records to float noise (the batch-1 and batch-2 kernels round
+    differently), and the rows did run one at a time."""
+    import numpy as np
+
+    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
+    fit = calib.split(4)[0].subset(3)
+    assert fit.records[0]["sample"].shape[0] == 2
+    runs = {}
+    for rows in (None, 1):
+        statistics_batches.clear()
+        runs[rows] = _fake_quantize_ranges(
+            runtime_ov.quantize(
+                model, fit.records, num_records=len(fit), exclude=QuantConfig().exclude, statistics_batch=rows
+            )
+        )
+        assert set(statistics_batches) == {2 if rows is None else 1}, rows
+    whole, pieces = runs[None], runs[1]
+    assert len(whole) > 20 and len(whole) == len(pieces)
+    moved = [np.abs(a - b).max() / max(np.abs(b[1] - b[0]).max(), 1e-12) for a, b in zip(pieces, whole)]
+    assert max(moved) < 1e-4, max(moved)
+
+
+def test_row_plan_combines_only_what_is_exact():
+    """nncf_rows.row_plan on hand-built statistics models: reductions over the batch axis combine by
+    min/max, constants take any piece, ShapeOf sums batches, the model's own output concatenates; a mean
+    or a reduction that keeps the batch axis makes the whole model run on whole records. infer_in_rows
+    gives exactly the whole batch's outputs."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from fastdiff.engines import nncf_rows
+
+    def build(extra):
+        x = ops.parameter([6, 3, 4], np.float32, name="x")
+        w = ops.constant(np.arange(12, dtype=np.float32).reshape(3, 4))
+        y = ops.multiply(x, w)
+        y.output(0).get_tensor().set_names({"own"})
+        outs = {
+            "own": y,
+            "lo": ops.reduce_min(y, ops.constant([0, 1, 2]), keep_dims=False),
+            "hi": ops.reduce_max(ops.abs(y), ops.constant([0, 1]), keep_dims=True),
+            "w": ops.reduce_max(w, ops.constant([1]), keep_dims=False),
+            "shape": ops.shape_of(y),
+            **extra(y),
+        }
+        for name, node in outs.items():
+            node.output(0).get_tensor().set_names({name})
+        return ov.Model([ops.result(n) for n in outs.values()], [x], "stats")
+
+    model = build(lambda y: {})
+    plan = nncf_rows.row_plan(model, {"own"})
+    assert plan == {"own": "concat", "lo": "min", "hi": "max", "w": "first", "shape": "shape"}
+    compiled = ov.Core().compile_model(model, "CPU")
+    data = {"x": np.random.default_rng(0).standard_normal((6, 3, 4)).astype(np.float32)}
+    whole = {k.get_any_name(): v for k, v in compiled(data).items()}
+    piece_model = build(lambda y: {})
+    assert nncf_rows.piece_shapes(piece_model, 2)
+    piece = ov.Core().compile_model(piece_model, "CPU")
+    got = nncf_rows.infer_in_rows(lambda d: {k.get_any_name(): v for k, v in piece(d).items()}, data, 2, plan)
+    assert set(got) == set(whole)
+    for name in whole:
+        np.testing.assert_array_equal(got[name], whole[name], err_msg=name)
+    assert not nncf_rows.piece_shapes(build(lambda y: {}), 4)  # 6 rows do not split into 4s
+    for extra in (
+        lambda y: {"mean": ops.reduce_mean(y, ops.constant([0, 1, 2]), keep_dims=False)},
+        lambda y: {"per_row": ops.reduce_min(y, ops.constant([1, 2]), keep_dims=False)},
+    ):
+        assert nncf_rows.row_plan(build(extra), {"own"}) is None
+
+
+def test_statistics_batch_is_validated():
     for bad in (0, True, 1.5, "1"):
         with pytest.raises(ValueError, match=r"QuantConfig.statistics_batch must be a positive int"):
             QuantConfig(statistics_batch=bad)
+    with pytest.raises(ValueError, match=r"statistics_batch must be a positive int .* got 0"):
+        runtime_ov.quantize(_toy_conv(), [], num_records=1, statistics_batch=0)
 
 
 def test_statistics_batch_keys_the_cache(pipe, calib, int8_cache, monkeypatch):

@@ -27,7 +27,9 @@ class QuantConfig:
     range, NNCF's OverflowFix ("enable", "first_layer_only", "disable") or "auto": "enable" on CPUs without
     VNNI, NNCF's "first_layer_only" elsewhere (:func:`fastdiff.engines.openvino_build.overflow_fix`).
     statistics_batch: OpenVINO, how many rows of a record NNCF's statistics models run at once (1: each
-    image of a guidance pair on its own; None: whole records; see :func:`fastdiff.engines.runtime_ov.quantize`).
+    image of a guidance pair on its own; None, the default: whole records). NNCF still gets each record's
+    own statistics, combined from the rows' (:mod:`fastdiff.engines.nncf_rows`), so the ranges are those of
+    whole records; only the activations held at once shrink.
     calibration_memory_gb: ONNX Runtime percentile/entropy calibration (int8 and
     :func:`fastdiff.engines.layer_sensitivity`), about how many GB of one record's activations are alive at once: the tensors are
     calibrated in groups that fit (:mod:`fastdiff.engines.ort_calibration`; ORT's ranges exactly).

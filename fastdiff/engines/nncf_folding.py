@@ -14,6 +14,7 @@ import contextlib
 
 import numpy as np
 
+from . import nncf_rows
 from .mapped import release_free_heap
 
 _REDUCTIONS = {"ReduceMax": np.max, "ReduceMin": np.min, "ReduceMean": np.mean}
@@ -74,12 +75,19 @@ def fold_constant_statistics(model) -> int:
 
 
 @contextlib.contextmanager
-def statistics_models(enabled: bool = True, hint: str | None = None):
+def statistics_models(
+    enabled: bool = True,
+    hint: str | None = None,
+    rows: int | None = None,
+    own_outputs: frozenset = frozenset(),
+):
     """While NNCF runs, fold its statistics models' constant reductions (:func:`fold_constant_statistics`)
     before it compiles them, compile them at OpenVINO inference precision ``hint`` ("f32", "bf16"; None
-    keeps NNCF's f32), and give the C heap's free pages back before each compile and after each record
+    keeps NNCF's f32), run them ``rows`` rows of a record at a time where their outputs combine exactly
+    (:mod:`fastdiff.engines.nncf_rows`; ``own_outputs``: the tensor names of the model's own outputs; None
+    runs whole records), and give the C heap's free pages back before each compile and after each record
     (:func:`fastdiff.engines.mapped.release_free_heap`). Wraps ``nncf.openvino.engine.OVNativeEngine`` (not
-    thread-safe; a no-op where that class is missing: another NNCF version then compiles as before).
+    thread-safe; a no-op where that class is missing: another NNCF version then runs as before).
 
     A bf16 statistics model is what an int8 engine run at the bf16 hint computes (its unquantised layers
     are bf16 there), and the CPU plugin packs its weights and holds its activations at half the size."""
@@ -93,14 +101,18 @@ def statistics_models(enabled: bool = True, hint: str | None = None):
         compiled_engine = nncf_engine.OVCompiledModelEngine
         from nncf.openvino.graph.model_utils import model_has_state
     except (ImportError, AttributeError):
-        enabled, hint = False, None
-    if not enabled and hint is None:
+        enabled, hint, rows = False, None, None
+    if not enabled and hint is None and rows is None:
         yield
         return
     real_infer = cls.infer
 
     def infer(self, input_data):
-        out = real_infer(self, input_data)
+        pieces = getattr(self, "_fastdiff_rows", None)
+        if pieces is not None and nncf_rows.record_batch(input_data) > rows:
+            out = nncf_rows.infer_in_rows(lambda d: real_infer(self, d), input_data, rows, pieces)
+        else:
+            out = real_infer(self, input_data)
         release_free_heap()
         return out
 
@@ -108,13 +120,17 @@ def statistics_models(enabled: bool = True, hint: str | None = None):
         release_free_heap()  # what the previous pass (or SmoothQuant) freed, before this compile allocates
         if enabled:
             fold_constant_statistics(model)
+        plan = nncf_rows.row_plan(model, own_outputs) if rows is not None else None
+        if plan is not None and not nncf_rows.piece_shapes(model, rows):
+            plan = None  # static records whose batch the pieces do not divide: whole records
         if hint is None:
             real(self, model, *args, **kwargs)
-            return
-        import openvino as ov
+        else:
+            import openvino as ov
 
-        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
-        self.engine = compiled_engine(compiled, model_has_state(model))
+            compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+            self.engine = compiled_engine(compiled, model_has_state(model))
+        self._fastdiff_rows = plan
 
     cls.__init__, cls.infer = init, infer
     try:

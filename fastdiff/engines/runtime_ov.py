@@ -28,7 +28,6 @@ with the number of records when the records themselves stream from disk
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -131,20 +130,6 @@ def check_statistics_batch(value, name: str = "statistics_batch") -> None:
         )
 
 
-class RowPieces:
-    """The records cut along the batch axis (every flat input is batch-first) into pieces of at most
-    ``rows`` rows each: re-iterable and lazy, so records streamed from disk stay streamed."""
-
-    def __init__(self, records, rows: int):
-        self.records, self.rows = records, int(rows)
-
-    def __iter__(self):
-        for record in self.records:
-            batch = record["sample"].shape[0]
-            for start in range(0, batch, self.rows):
-                yield {name: value[start : start + self.rows] for name, value in record.items()}
-
-
 def record_shapes(records: Iterable[Mapping[str, torch.Tensor]], input_names: Sequence[str]) -> dict | None:
     """The one shape every record has per input, or None when the records differ."""
     shapes = None
@@ -220,12 +205,10 @@ def quantize(
             (every Convolution and MatMul), "first_layer_only" (NNCF's default) or "disable". Without
             VNNI the CPU's u8 x s8 products saturate at int16 (:mod:`fastdiff.engines.cpu`); 7-bit weights
             keep every pair sum in range.
-        statistics_batch: the batch NNCF's statistics models run at: each record is cut along its batch
-            axis into pieces of at most this many rows (:class:`RowPieces`), every piece counted as a
-            sample; None runs whole records. One row at a time holds half the activations of a
-            classifier-free-guidance pair. Ranges that NNCF takes as a maximum (SmoothQuant's, the
-            weights') are unchanged; the activations' min-max ranges, which NNCF averages over samples,
-            become averages over rows (NNCF's "batchwise statistics").
+        statistics_batch: how many rows of a record NNCF's statistics models run at once; NNCF gets
+            the outputs of the whole record, combined from the pieces' where that is exact, so the ranges
+            are the same (:mod:`fastdiff.engines.nncf_rows`). One row at a time holds half the activations
+            of a classifier-free-guidance pair. None runs whole records.
     """
     if overflow_fix not in OVERFLOW_FIXES:
         raise ValueError(f"overflow_fix must be one of {list(OVERFLOW_FIXES)}, got {overflow_fix!r}")
@@ -240,10 +223,6 @@ def quantize(
     )
 
     check_statistics_batch(statistics_batch)
-    if statistics_batch is not None:
-        first = itertools.islice(calibration, int(num_records))
-        num_records = sum(-(-record["sample"].shape[0] // statistics_batch) for record in first)
-        calibration = RowPieces(calibration, statistics_batch)
     input_names = [p.get_friendly_name() for p in model.get_parameters()]
     restore = None
     if static:
@@ -276,7 +255,11 @@ def quantize(
         nncf.set_log_level(40)  # ERROR: NNCF's INFO lines and bars are noise inside compile_engine
     from .mapped import ReleasingMappedPages
 
-    with ReleasingMappedPages(weights), statistics_models(fold_statistics, statistics_hint):
+    own_outputs = frozenset().union(*(o.get_names() for o in model.outputs))
+    with (
+        ReleasingMappedPages(weights),
+        statistics_models(fold_statistics, statistics_hint, statistics_batch, own_outputs),
+    ):
         quantised = nncf.quantize(
             model,
             dataset,
