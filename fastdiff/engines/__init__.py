@@ -1,4 +1,4 @@
-"""Compiled U-Net engines: ONNX export, timestep-aware INT8 calibration, ONNX Runtime and TensorRT.
+"""Compiled U-Net engines: ONNX export, timestep-aware INT8 calibration, ONNX Runtime, OpenVINO and TensorRT.
 
 Typical use::
 
@@ -17,7 +17,9 @@ backend and ``build.py`` writes its artifact; ``config.py`` holds the settings. 
 (``openvino_build.py`` / ``runtime_trt.build_engine`` / ``build.move_onnx``) and an entry in
 ``compile.PRECISIONS`` and ``build.ARTIFACT``. Inputs are described once in :mod:`fastdiff.unet_inputs`;
 records stream from disk via ``records.py``; ONNX Runtime's activation ranges are computed a group of
-tensors at a time in ``ort_calibration.py`` (bounded memory); CPU capabilities (VNNI, bf16) are in ``cpu.py``.
+tensors at a time in ``ort_calibration.py`` (bounded memory); NNCF's statistics models are steered by
+``nncf_folding.py`` (weight statistics folded, precision hint) and ``nncf_rows.py`` (a record's rows run apart,
+their statistics combined); CPU capabilities (VNNI, bf16) are in ``cpu.py``.
 
 Exported here is what a user calls; the building blocks (runners, cache, quantisation nodes,
 TensorRT profiles) stay importable from their modules.

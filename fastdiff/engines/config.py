@@ -26,8 +26,8 @@ class QuantConfig:
     "f32" (NNCF's default) or "bf16". overflow_fix: OpenVINO, which layers' int8 weights use half the
     range, NNCF's OverflowFix ("enable", "first_layer_only", "disable") or "auto": "enable" on CPUs without
     VNNI, NNCF's "first_layer_only" elsewhere (:func:`fastdiff.engines.openvino_build.overflow_fix`).
-    statistics_batch: OpenVINO, how many rows of a record NNCF's statistics models run at once (1: each
-    image of a guidance pair on its own; None, the default: whole records). NNCF still gets each record's
+    statistics_batch: OpenVINO, how many rows of a record NNCF's statistics models run at once (1, the
+    default: each image of a guidance pair on its own; None: whole records). NNCF still gets each record's
     own statistics, combined from the rows' (:mod:`fastdiff.engines.nncf_rows`), so the ranges are those of
     whole records; only the activations held at once shrink.
     calibration_memory_gb: ONNX Runtime percentile/entropy calibration (int8 and
