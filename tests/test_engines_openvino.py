@@ -45,11 +45,9 @@ pipe, calib = engines_fixtures.pipe, engines_fixtures.calib
 PROMPTS, STEPS, _eager = engines_fixtures.PROMPTS, engines_fixtures.STEPS, engines_fixtures.eager
 
 
-@pytest.fixture(scope="module")
-def int8_cache(pipe, calib, tmp_path_factory):
-    root = tmp_path_factory.mktemp("ov-int8")
-    engine = compile_engine(
-        pipe.unet,
+def _int8_kwargs(calib, root) -> dict:
+    """compile_engine's arguments for the module's int8 engine (``int8_cache``): the same again is a cache hit."""
+    return dict(
         backend="openvino",
         precision="int8",
         calibration=calib,
@@ -57,7 +55,12 @@ def int8_cache(pipe, calib, tmp_path_factory):
         gate=GateConfig(min_snr_db=None),
         export=ExportConfig(openvino_source="onnx"),  # the route the static-vs-dynamic test compares
     )
-    return root, engine
+
+
+@pytest.fixture(scope="module")
+def int8_cache(pipe, calib, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ov-int8")
+    return root, compile_engine(pipe.unet, **_int8_kwargs(calib, root))
 
 
 def test_fp32_engine_matches_eager_installs_restores_and_caches(pipe, tmp_path, monkeypatch):
@@ -411,16 +414,9 @@ def test_cached_engine_is_judged_again_at_another_hint(pipe, calib, int8_cache, 
     measured = []
     real = compile_mod.measure_quality
     monkeypatch.setattr(compile_mod, "measure_quality", lambda *a, **k: measured.append(1) or real(*a, **k))
-    kwargs = dict(
-        backend="openvino",
-        precision="int8",
-        calibration=calib,
-        cache_dir=root,
-        gate=GateConfig(min_snr_db=None),
-        export=ExportConfig(openvino_source="onnx"),
-        # The statistics' hint is part of the artifact's key; pinned, only the run hint moves.
-        quant=QuantConfig(statistics_hint=built.build_info["statistics_hint"]),
-    )
+    kwargs = _int8_kwargs(calib, root)
+    # The statistics' hint is part of the artifact's key; pinned, only the run hint moves.
+    kwargs["quant"] = QuantConfig(statistics_hint=built.build_info["statistics_hint"])
     same = compile_engine(pipe.unet, **kwargs)
     assert same.cache_hit and not measured and same.quality["snr_db"] == built.quality["snr_db"]
     monkeypatch.setattr(runtime_ov, "openvino_has_bf16", lambda: other == "bf16")
@@ -856,6 +852,36 @@ def test_statistics_batch_gives_nncf_the_whole_record_ranges_on_the_u_net(
     assert max(moved) < 1e-4, max(moved)
 
 
+def test_statistics_batch_with_bias_correction_matches_whole_records(pipe, calib, tmp_path):
+    """Fast bias correction adds mean statistics, which row pieces cannot combine exactly: NNCF's
+    statistics models that carry them run on whole records. The quantised model (every constant: ranges,
+    int8 weights, corrected biases) equals the whole-record build to float noise (two NNCF runs with
+    bias correction on the tiny U-Net: ~20 s)."""
+    import numpy as np
+
+    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
+    fit = calib.split(4)[0].subset(2)
+    consts = {}
+    for rows in (None, 1):
+        quantised = runtime_ov.quantize(
+            model,
+            fit.records,
+            num_records=len(fit),
+            exclude=QuantConfig().exclude,
+            smooth_quant=False,
+            bias_correction="fast",
+            statistics_batch=rows,
+        )
+        consts[rows] = [
+            np.asarray(op.get_data(), dtype=np.float64)
+            for op in quantised.get_ordered_ops()
+            if op.get_type_name() == "Constant"
+        ]
+    assert len(consts[None]) > 100 and len(consts[None]) == len(consts[1])
+    for a, b in zip(consts[1], consts[None]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_row_plan_combines_only_what_is_exact():
     """nncf_rows.row_plan on hand-built statistics models: reductions over the batch axis combine by
     min/max, constants take any piece, ShapeOf sums batches, the model's own output concatenates; a mean
@@ -925,14 +951,7 @@ def test_statistics_batch_keys_the_cache(pipe, calib, int8_cache, monkeypatch):
         raise Built
 
     monkeypatch.setattr(compile_mod, "build", refuse)
-    kwargs = dict(
-        backend="openvino",
-        precision="int8",
-        calibration=calib,
-        cache_dir=root,
-        gate=GateConfig(min_snr_db=None),
-        export=ExportConfig(openvino_source="onnx"),
-    )
+    kwargs = _int8_kwargs(calib, root)
     assert compile_engine(pipe.unet, **kwargs).cache_hit  # the default: the fixture's engine
     other = None if QuantConfig().statistics_batch is not None else 1
     with pytest.raises(Built):
