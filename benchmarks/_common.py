@@ -25,15 +25,23 @@ def _cpu_flags() -> list[str]:
     return [w for w in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "fma") if w in have]
 
 
+def _family(meta: dict) -> str:
+    """ " family F model M" where the results file recorded it (files before 2026-12-07 did not)."""
+    fm = meta.get("cpu_family_model")
+    return f" family {fm.replace('/', ' model ')}" if fm and fm != "?/?" else ""
+
+
 def env_info() -> dict:
     """Hardware, library versions and date for a results file."""
     import torch
 
-    from fastdiff._compat import cpu_model, version_of
+    from fastdiff._compat import cpu_model, cpuinfo_field, version_of
 
     info = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
+        # "AMD EPYC" names several generations here (family 25 and 26 have both been lent)
+        "cpu_family_model": "/".join(cpuinfo_field(k) or "?" for k in ("cpu family", "model")),
         "cpu_flags": _cpu_flags(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -61,7 +69,8 @@ def env_info() -> dict:
 
 def hardware_line(meta: dict) -> str:
     dev = (
-        meta.get("gpu") or f"{meta['cpu']} ({meta['cpu_count']} cores, {meta['torch_threads']} torch threads)"
+        meta.get("gpu")
+        or f"{meta['cpu']}{_family(meta)} ({meta['cpu_count']} cores, {meta['torch_threads']} torch threads)"
     )
     libs = ", ".join(f"{k} {meta[k]}" for k in ("torch", "diffusers", "triton", "onnxruntime") if meta.get(k))
     return f"{dev}; {libs}; {meta['date']}"

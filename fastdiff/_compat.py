@@ -75,8 +75,9 @@ def cpuinfo_field(name: str) -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(name):
-                    return line.split(":", 1)[1].strip()
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:  # exact: "model" is not "model name"
+                    return value.strip()
     except OSError:
         pass
     return None
