@@ -786,6 +786,21 @@ def _input_range(model) -> tuple[float, float]:
     raise AssertionError("no FakeQuantize on the model input")
 
 
+def _tiny_quantiser(pipe, calib, tmp_path, records: int = 2):
+    """runtime_ov.quantize on the tiny U-Net's float model, with guidance-pair records (batch 2) and the
+    default exclusions; the returned function takes the options under test."""
+    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
+    fit = calib.split(4)[0].subset(records)
+    assert fit.records[0]["sample"].shape[0] == 2
+
+    def quantise(**options):
+        return runtime_ov.quantize(
+            model, fit.records, num_records=len(fit), exclude=QuantConfig().exclude, **options
+        )
+
+    return quantise
+
+
 @pytest.fixture
 def statistics_batches(monkeypatch):
     """The batch of every input NNCF's compiled statistics models ran on."""
@@ -834,17 +849,11 @@ def test_statistics_batch_gives_nncf_the_whole_record_ranges_on_the_u_net(
     differently), and the rows did run one at a time."""
     import numpy as np
 
-    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
-    fit = calib.split(4)[0].subset(3)
-    assert fit.records[0]["sample"].shape[0] == 2
+    quantise = _tiny_quantiser(pipe, calib, tmp_path, records=3)
     runs = {}
     for rows in (None, 1):
         statistics_batches.clear()
-        runs[rows] = _fake_quantize_ranges(
-            runtime_ov.quantize(
-                model, fit.records, num_records=len(fit), exclude=QuantConfig().exclude, statistics_batch=rows
-            )
-        )
+        runs[rows] = _fake_quantize_ranges(quantise(statistics_batch=rows))
         assert set(statistics_batches) == {2 if rows is None else 1}, rows
     whole, pieces = runs[None], runs[1]
     assert len(whole) > 20 and len(whole) == len(pieces)
@@ -859,19 +868,10 @@ def test_statistics_batch_with_bias_correction_matches_whole_records(pipe, calib
     bias correction on the tiny U-Net: ~20 s)."""
     import numpy as np
 
-    model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
-    fit = calib.split(4)[0].subset(2)
+    quantise = _tiny_quantiser(pipe, calib, tmp_path)
     consts = {}
     for rows in (None, 1):
-        quantised = runtime_ov.quantize(
-            model,
-            fit.records,
-            num_records=len(fit),
-            exclude=QuantConfig().exclude,
-            smooth_quant=False,
-            bias_correction="fast",
-            statistics_batch=rows,
-        )
+        quantised = quantise(smooth_quant=False, bias_correction="fast", statistics_batch=rows)
         consts[rows] = [
             np.asarray(op.get_data(), dtype=np.float64)
             for op in quantised.get_ordered_ops()
