@@ -57,6 +57,14 @@ OV_WHOLE_512_PROFILES = (
         "engines-cpu-build-profile-ov-int8-512-32-whole",
         "with whole records (statistics_batch=None), measured beside the defaults now",
     ),
+    (
+        "engines-cpu-build-profile-ov-int8-512-32-f32stats-whole",
+        "with statistics at f32, as on a CPU without native bf16, whole records (family-26 machine)",
+    ),
+    (
+        "engines-cpu-build-profile-ov-int8-512-32-f32stats-rows1",
+        "with statistics at f32, as on a CPU without native bf16, one row at a time (family-26 machine)",
+    ),
 )
 # The whole default compile_engine int8 build at 512^2 with 32 records that judges the OpenVINO memory goal:
 # the defaults now (statistics one row of a guidance pair at a time, NNCF given each record's statistics).
