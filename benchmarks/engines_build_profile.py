@@ -190,11 +190,9 @@ def main(argv=None):
 
     from fastdiff.engines import ExportConfig, GateConfig, QuantConfig, compile_engine
 
-    statistics_batch = {"none": None, "default": QuantConfig().statistics_batch}.get(
-        args.statistics_batch.lower(), None
-    )
-    if args.statistics_batch.lower() not in ("none", "default"):
-        statistics_batch = int(args.statistics_batch)
+    named = {"none": None, "default": QuantConfig().statistics_batch}
+    key = args.statistics_batch.lower()
+    statistics_batch = named[key] if key in named else int(key)
 
     load_before = os.getloadavg()
     pipe, args.side = make_pipeline(args.model, args.side)

@@ -25,8 +25,10 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-# Result's producer -> how pieces combine (elementwise over identically shaped piece outputs).
-_REDUCE = {"ReduceMin": np.minimum, "ReduceMax": np.maximum}
+# A Result's producer -> its plan entry, and a plan entry -> how pieces combine (elementwise over
+# identically shaped piece outputs).
+_REDUCE = {"ReduceMin": "min", "ReduceMax": "max"}
+_ELEMENTWISE = {"min": np.minimum, "max": np.maximum}
 
 
 def _data_dependent(model) -> set[str]:
@@ -66,7 +68,7 @@ def row_plan(model, own_outputs: set[str]) -> dict[str, str] | None:
             axes = {int(a) % rank.get_length() for a in np.atleast_1d(axes_node.get_data())}
             if 0 not in axes:
                 return None  # the batch axis survives: per-row values, not a record's
-            how = "min" if kind == "ReduceMin" else "max"
+            how = _REDUCE[kind]
         else:
             return None
         plan.update(dict.fromkeys(names, how))
@@ -95,8 +97,8 @@ def infer_in_rows(
     for name, first in outs[0].items():
         how = plan.get(name)
         parts = [o[name] for o in outs]
-        if how == "min" or how == "max":
-            combined[name] = _REDUCE["ReduceMin" if how == "min" else "ReduceMax"].reduce(parts)
+        if how in _ELEMENTWISE:
+            combined[name] = _ELEMENTWISE[how].reduce(parts)
         elif how == "concat":
             combined[name] = np.concatenate(parts)
         elif how == "shape":
