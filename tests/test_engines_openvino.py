@@ -861,6 +861,15 @@ def test_statistics_batch_gives_nncf_the_whole_record_ranges_on_the_u_net(
     assert max(moved) < 1e-4, max(moved)
 
 
+def test_default_int8_build_runs_statistics_one_row_at_a_time(pipe, calib, tmp_path, statistics_batches):
+    """#14: the 512^2 memory goal was measured with NNCF's statistics one guidance row at a time, and the
+    README calls that the default. A default compile_engine int8 build on guidance-pair records (batch 2)
+    must run every statistics inference at batch 1 (4710b7a changed the docstring and not the value)."""
+    assert calib.records[0]["sample"].shape[0] == 2
+    compile_engine(pipe.unet, **dict(_int8_kwargs(calib, tmp_path), export=ExportConfig()))
+    assert statistics_batches and set(statistics_batches) == {1}, sorted(set(statistics_batches))
+
+
 def test_statistics_batch_with_bias_correction_matches_whole_records(pipe, calib, tmp_path):
     """Fast bias correction adds mean statistics, which row pieces cannot combine exactly: NNCF's
     statistics models that carry them run on whole records. The quantised model (every constant: ranges,

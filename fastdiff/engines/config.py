@@ -57,7 +57,7 @@ class QuantConfig:
     calibration_memory_gb: float = 1.0
     statistics_hint: str = "engine"
     overflow_fix: str = "auto"
-    statistics_batch: int | None = None
+    statistics_batch: int | None = 1
 
     def __post_init__(self):
         if isinstance(self.calibration_memory_gb, bool) or not (
