@@ -177,7 +177,7 @@ def compile_engine(
         "versions": library_versions(backend),
     }
     if backend == "openvino":
-        from .openvino_build import openvino_source, overflow_fix, statistics_hint
+        from .openvino_build import attention_mode, openvino_source, overflow_fix, statistics_hint
 
         parts["openvino_source"] = openvino_source(export)  # graph details differ by route
     if precision in QUANTISED and backend == "openvino":
@@ -191,6 +191,7 @@ def compile_engine(
             "statistics_hint": statistics_hint(quant, runtime, precision),
             "overflow_fix": overflow_fix(quant),  # follows the CPU: the graph differs (7-bit weights)
             "statistics_batch": quant.statistics_batch,
+            "attention": attention_mode(quant, runtime, precision),  # follows the CPU (AMX) and hint
             "nncf": library_versions("nncf").get("nncf"),
         }
     elif precision == "int8":
@@ -295,7 +296,9 @@ def compile_engine(
     )
     build_info = {"key": key, "entry": str(entry), "level": quant.level if precision == "int8" else None}
     if backend == "openvino":
-        resolved = {k: parts.get("quant", {}).get(k) for k in ("statistics_hint", "overflow_fix")}
+        resolved = {
+            k: parts.get("quant", {}).get(k) for k in ("statistics_hint", "overflow_fix", "attention")
+        }
         build_info.update(hint=runner.hint, **resolved)
     build_info.update(layers_info)
     engine = EngineUNet(

@@ -9,6 +9,7 @@ from .quantization import DEFAULT_EXCLUDE
 from .runtime_ov import BIAS_CORRECTIONS, OVERFLOW_FIXES, check_statistics_batch
 
 STATISTICS_HINTS = ("engine", "f32", "bf16")  # QuantConfig.statistics_hint
+ATTENTION_MODES = ("auto", "int8", "float")  # QuantConfig.attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,9 @@ class QuantConfig:
     default: each image of a guidance pair on its own; None: whole records). NNCF still gets each record's
     own statistics, combined from the rows' (:mod:`fastdiff.engines.nncf_rows`), so the ranges are those of
     whole records; only the activations held at once shrink.
+    attention: OpenVINO, whether NNCF quantises the Q and K inputs of attention (ScaledDotProductAttention):
+    "int8", "float", or "auto": "float" where the engine runs at the bf16 hint on a CPU with AMX, "int8"
+    elsewhere (:func:`fastdiff.engines.openvino_build.attention_mode`).
     calibration_memory_gb: ONNX Runtime percentile/entropy calibration (int8 and
     :func:`fastdiff.engines.layer_sensitivity`), about how many GB of one record's activations are alive at once: the tensors are
     calibrated in groups that fit (:mod:`fastdiff.engines.ort_calibration`; ORT's ranges exactly).
@@ -58,6 +62,7 @@ class QuantConfig:
     statistics_hint: str = "engine"
     overflow_fix: str = "auto"
     statistics_batch: int | None = 1
+    attention: str = "auto"
 
     def __post_init__(self):
         if isinstance(self.calibration_memory_gb, bool) or not (
@@ -70,6 +75,7 @@ class QuantConfig:
             ("bias_correction", BIAS_CORRECTIONS),
             ("statistics_hint", STATISTICS_HINTS),
             ("overflow_fix", ("auto", *OVERFLOW_FIXES)),
+            ("attention", ATTENTION_MODES),
         ):
             if getattr(self, name) not in valid:
                 raise ValueError(

@@ -35,6 +35,12 @@ def has_bf16(flags: frozenset[str] | None = None) -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
+def has_amx(flags: frozenset[str] | None = None) -> bool:
+    """AMX tiles (Intel Xeon since Sapphire Rapids): OpenVINO then runs int8 and bf16 on other kernels."""
+    flags = cpu_flags() if flags is None else flags
+    return bool({"amx_int8", "amx_bf16"} & flags)
+
+
 def engine_flags(flags: frozenset[str] | None = None) -> list[str]:
     """The flags that change CPU engine numerics or speed (recorded in cache keys and benchmarks)."""
     flags = cpu_flags() if flags is None else flags

@@ -171,6 +171,7 @@ def quantize(
     compress_weights: bool = True,
     overflow_fix: str = "first_layer_only",
     statistics_batch: int | None = None,
+    float_attention: bool = False,
 ):
     """NNCF int8 post-training quantisation of an ``openvino.Model`` on recorded U-Net inputs.
 
@@ -209,6 +210,8 @@ def quantize(
             the outputs of the whole record, combined from the pieces' where that is exact, so the ranges
             are the same (:mod:`fastdiff.engines.nncf_rows`). One row at a time holds half the activations
             of a classifier-free-guidance pair. None runs whole records.
+        float_attention: keep attention's Q and K inputs (ScaledDotProductAttention) in float; NNCF
+            quantises them otherwise.
     """
     if overflow_fix not in OVERFLOW_FIXES:
         raise ValueError(f"overflow_fix must be one of {list(OVERFLOW_FIXES)}, got {overflow_fix!r}")
@@ -244,6 +247,7 @@ def quantize(
             for n in {op.get_friendly_name(), module_path_name(op.get_friendly_name())}
         )
     ]
+    ignored_types = ["ScaledDotProductAttention"] if float_attention else []
     advanced = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if smooth_quant else -1),
         disable_bias_correction=bias_correction == "none",
@@ -265,7 +269,9 @@ def quantize(
             dataset,
             subset_size=int(num_records),
             model_type=nncf.ModelType.TRANSFORMER,
-            ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
+            ignored_scope=nncf.IgnoredScope(names=ignored, types=ignored_types, validate=False)
+            if ignored or ignored_types
+            else None,
             fast_bias_correction=bias_correction != "full",
             advanced_parameters=advanced,
         )
