@@ -7,6 +7,7 @@ and ``engines-tiny-e2e.json`` (written by ``engines.py --suite cpu``, ``engines_
 Where a ``-avx512`` file exists (``engines-cpu-sd15-256-avx512.json``, ...: measured on an EPYC with
 AVX-512, VNNI and AVX512-BF16) the goals are judged on it; the AVX2-only machine's file stays as an
 "earlier machine" line (its speed-ups are that machine's, not this one's).
+Machines in ``OTHER_MACHINES`` (the AMX Xeon's ``-amx`` files) are judged apart, each on its own files.
 
     python benchmarks/engines_goals.py
 """
@@ -627,6 +628,90 @@ def goals(not_run: dict) -> list[dict]:
     return out
 
 
+# Machines judged apart from the AVX-512 EPYC files above, by results-file suffix: each machine's ratios are
+# measured against its own eager rows, so they are judged per machine, never pooled with another's.
+OTHER_MACHINES = {
+    "-amx": "Intel Xeon with AMX (amx_bf16, amx_int8, avx512_bf16)",
+}
+
+
+def machine_goals(suffix: str, label: str) -> list[dict]:
+    """The speed, build and one-run goals on one other machine's files (nothing when it has none)."""
+    rows = {s: [dict(r, side=s) for r in _sd15_rows(s, f"engines-cpu-sd15-{s}{suffix}")] for s in (256, 512)}
+    timed = [r for rs in rows.values() for r in rs if "vs_eager" in r and r.get("load_1min", 0) <= MAX_LOAD]
+    if not timed:
+        return []
+    best = max((r for r in timed if r["snr_db"] >= 30), key=lambda r: r["vs_eager"], default=None)
+    fastest = max(timed, key=lambda r: r["vs_eager"])
+    out = [
+        {
+            "goal": f"best CPU engine >= 5x eager fp32 per U-Net step at >= 30 dB, on the {label}",
+            "status": "met" if best and best["vs_eager"] >= 5 else "not met",
+            "evidence": (f"best at >= 30 dB: {_fmt(best)} at {best['side']}^2" if best else "no row >= 30 dB")
+            + f"; fastest of any SNR: {_fmt(fastest)} at {fastest['side']}^2; every timed row: "
+            + ", ".join(
+                f"{r['variant']} {r['vs_eager']}x at {r['snr_db']} dB ({r['side']}^2)" for r in timed
+            ),
+        }
+    ]
+    built = [r for r in rows[256] if not r.get("cache_hit") and "build_s" in r]
+    latest = {r["variant"]: r for r in sorted(built, key=lambda r: r["run"])}
+    q = [r for v, r in latest.items() if v in ("ov-int8", "ov-mixed", "ort-int8")]
+    if q:
+        under = [r["variant"] for r in q if r["build_s"] < 120]
+        over = [r["variant"] for r in q if r["build_s"] >= 120]
+        out.append(
+            {
+                "goal": f"build < 120 s, full SD1.5 U-Net at 256^2, on the {label}",
+                "status": "; ".join(
+                    f"{word}: {', '.join(vs)}" for word, vs in (("met", under), ("not met", over)) if vs
+                ),
+                "evidence": "; ".join(_build_fmt(r) for r in latest.values()),
+            }
+        )
+    # The judged tiny run: the rerun with the defaults now where there is one, else the first run.
+    tiny_name = next(
+        (n for n in (f"engines-tiny-e2e{suffix}-576-attention", f"engines-tiny-e2e{suffix}-576") if _load(n)),
+        None,
+    )
+    tiny = _load(tiny_name) if tiny_name else None
+    earlier = (
+        _load(f"engines-tiny-e2e{suffix}-576") if tiny_name and tiny_name.endswith("-attention") else None
+    )
+    if tiny:
+        base = next(r for r in tiny["rows"] if r["variant"] == "eager")
+        ci95 = {r["variant"]: f" [{r['ci95']}]" for r in tiny["rows"] if "ci95" in r}
+        out.append(
+            {
+                "goal": f"fastdiff-tiny end to end within 2 points of fp32 attribute accuracy, on the {label}",
+                # the rerun's variants replace the first run's; the others keep the first run's figures
+                "status": f"{base['n']} images: {_within_two({**(_points(earlier) if earlier else {}), **_points(tiny)})}",
+                "evidence": f"({tiny_name}; the paired 95 % interval in brackets) eager fp32 'all' "
+                f"{base['all']:.3f}; points vs eager: "
+                + ", ".join(f"{v} {d:+.1f}{ci95.get(v, '')}" for v, d in _points(tiny).items())
+                + (
+                    f"; before QuantConfig(attention='auto') (engines-tiny-e2e{suffix}-576, attention's Q and K "
+                    "int8 at the bf16 hint): "
+                    + ", ".join(f"{v} {d:+.1f}" for v, d in _points(earlier).items())
+                    if earlier
+                    else ""
+                ),
+            }
+        )
+    for side, have in rows_present(rows).items():
+        if have["runs"]:
+            out.append(
+                {
+                    "goal": f"rows at {side}^2 in one run, on the {label}",
+                    "status": "all present, in one run"
+                    if have["complete_runs"]
+                    else "missing: " + ", ".join(have["missing"]),
+                    "evidence": "present: " + ", ".join(have["present"]) + f"; {_one_run(have)}",
+                }
+            )
+    return out
+
+
 # Why rows the judged files lack were not run, by side (filled in by whoever runs the benchmark).
 NOT_RUN = {
     256: "not run on the AVX-512 machine",
@@ -645,6 +730,8 @@ NOT_RUN = {
 
 def main():
     rows = goals(NOT_RUN)
+    for suffix, label in OTHER_MACHINES.items():
+        rows += machine_goals(suffix, label)
     meta = env_info()
     judged = _sd15_name(256)
     flags = _flags(judged) or engine_flags()
@@ -715,6 +802,12 @@ def main():
             for n in (
                 judged,
                 _sd15_name(512),
+                *(f"engines-cpu-sd15-{side}{suffix}" for suffix in OTHER_MACHINES for side in (256, 512)),
+                *(
+                    f"engines-tiny-e2e{suffix}-576{v}"
+                    for suffix in OTHER_MACHINES
+                    for v in ("", "-attention")
+                ),
                 "engines-cpu-memory",
                 _current("engines-tiny-e2e"),
                 *(_current("engines-tiny-e2e") + suffix for suffix in TINY_RERUNS),
