@@ -698,6 +698,18 @@ def machine_goals(suffix: str, label: str) -> list[dict]:
                 ),
             }
         )
+    profile = (_load(f"engines-cpu-build-profile-ov-int8-512-32{suffix}") or {}).get("meta")
+    if profile:
+        out.append(
+            {
+                "goal": f"peak memory < 8 GB for OpenVINO int8 at 512^2 with 32 records, on the {label}",
+                "status": "met" if profile["peak_rss_gb"] < 8 else "not met",
+                "evidence": f"whole default compile_engine int8 build with the PyTorch U-Net in the process "
+                f"(statistics_batch={profile.get('statistics_batch')}): {profile['peak_rss_gb']} GB, "
+                f"{profile['records']['calibrate']} records given, build {profile['total_without_quality_check_s']} s, "
+                f"SNR {profile['quality']['snr_db']:.2f} dB (engines-cpu-build-profile-ov-int8-512-32{suffix})",
+            }
+        )
     for side, have in rows_present(rows).items():
         if have["runs"]:
             out.append(
