@@ -177,7 +177,13 @@ def compile_engine(
         "versions": library_versions(backend),
     }
     if backend == "openvino":
-        from .openvino_build import attention_mode, openvino_source, overflow_fix, statistics_hint
+        from .openvino_build import (
+            attention_mode,
+            engine_hint,
+            openvino_source,
+            overflow_fix,
+            statistics_hint,
+        )
 
         parts["openvino_source"] = openvino_source(export)  # graph details differ by route
     if precision in QUANTISED and backend == "openvino":
@@ -257,7 +263,7 @@ def compile_engine(
         elif backend == "openvino":
             runner = runtime_ov.OvRunner(
                 artifact,
-                hint=runtime.hint or runtime_ov.hint_for(precision),
+                hint=engine_hint(runtime, precision),
                 static=runtime.static,
                 threads=runtime.threads,
                 blob_cache=cache.root / "openvino-blobs" if use_cache else None,

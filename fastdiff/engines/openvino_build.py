@@ -171,8 +171,7 @@ def attention_mode(quant, runtime, precision: str) -> str:
         return quant.attention
     from .cpu import has_amx
 
-    hint = runtime.hint or runtime_ov.hint_for(precision)
-    return "float" if hint == "bf16" and has_amx() else "int8"
+    return "float" if engine_hint(runtime, precision) == "bf16" and has_amx() else "int8"
 
 
 def statistics_hint(quant, runtime, precision: str) -> str:
@@ -182,6 +181,11 @@ def statistics_hint(quant, runtime, precision: str) -> str:
     bf16 where native): the ranges are then those of the activations the quantised engine computes."""
     if quant.statistics_hint != "engine":
         return quant.statistics_hint
+    return engine_hint(runtime, precision)
+
+
+def engine_hint(runtime, precision: str) -> str:
+    """The hint the engine runs at: ``runtime.hint``, else :func:`runtime_ov.hint_for` (bf16 where native)."""
     return runtime.hint or runtime_ov.hint_for(precision)
 
 
