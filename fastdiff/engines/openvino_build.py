@@ -163,10 +163,9 @@ def attention_mode(quant, runtime, precision: str) -> str:
     """Whether attention's Q and K are quantised in this build (``quant.attention`` resolved): "auto" is
     "float" where the engine runs at the bf16 hint on a CPU with AMX, "int8" elsewhere. On an AMX Xeon
     OpenVINO's int8 attention at the bf16 hint broke fastdiff-tiny's trained U-Net: 17.9 dB per step
-    (worst record 6.8 dB), 'all' accuracy 49.5 points below fp32 on 576 held-out images; the same IR
-    compiled at the f32 hint gave 31.5 dB, and with float attention at bf16 31.0 dB. On the AVX-512
-    EPYCs (no AMX) int8 attention at bf16 gives 31.0 dB (engines-tiny-e2e-amx-576.md,
-    engines-tiny-e2e-avx512-576.md)."""
+    (worst record 6.8 dB), 'all' accuracy 49.5 points below fp32 on 576 held-out images; with float
+    attention at bf16, 31.0 dB and +0.7 points. On the AVX-512 EPYCs (no AMX) int8 attention at bf16 gives
+    31.0 dB (engines-tiny-e2e-amx-576{,-attention}.md, engines-tiny-e2e-avx512-576.md)."""
     if quant.attention != "auto":
         return quant.attention
     from .cpu import has_amx
