@@ -103,13 +103,27 @@ def _flags(name):
     return data.get("meta", {}).get("cpu_engine_flags") or []
 
 
+QUANTISED_VARIANTS = ("ov-int8", "ov-mixed", "ort-int8")  # the variants the build goal judges
+
+
+def _fresh_builds(rows: list[dict]) -> tuple[list[dict], dict[str, dict]]:
+    """The fresh (not cached) builds among ``rows``, and the newest one per variant."""
+    built = [r for r in rows if not r.get("cache_hit") and "build_s" in r]
+    return built, {r["variant"]: r for r in sorted(built, key=lambda r: r["run"])}
+
+
+def _best_and_fastest(timed: list[dict]) -> tuple[dict | None, dict | None]:
+    """The fastest row at >= 30 dB and the fastest of any SNR."""
+    best = max((r for r in timed if r["snr_db"] >= 30), key=lambda r: r["vs_eager"], default=None)
+    return best, max(timed, key=lambda r: r["vs_eager"], default=None)
+
+
 def _earlier_builds() -> str:
     """The AVX2 machine's newest fresh quantised builds at 256^2, when the AVX-512 file is the one judged."""
     if not _sd15_name(256).endswith(AVX512):
         return ""
-    old = [r for r in _sd15_rows(256, "engines-cpu-sd15-256") if not r.get("cache_hit") and "build_s" in r]
-    latest = {r["variant"]: r for r in sorted(old, key=lambda r: r["run"])}
-    q = [r for k, r in latest.items() if k in ("ov-int8", "ov-mixed", "ort-int8")]
+    _, latest = _fresh_builds(_sd15_rows(256, "engines-cpu-sd15-256"))
+    q = [r for k, r in latest.items() if k in QUANTISED_VARIANTS]
     return "".join(f"; earlier machine (AVX2 only, engines-cpu-sd15-256): {_build_fmt(r)}" for r in q)
 
 
@@ -357,9 +371,7 @@ def goals(not_run: dict) -> list[dict]:
     contended = sorted(
         {f"run {r['run']} at {r['side']}^2 (load {r['load_1min']})" for r in timed if r not in fresh}
     )
-    good = [r for r in fresh if r["snr_db"] >= 30]
-    best = max(good, key=lambda r: r["vs_eager"], default=None)
-    fastest = max(fresh, key=lambda r: r["vs_eager"], default=None)
+    best, fastest = _best_and_fastest(fresh)
     files = ", ".join(_sd15_name(side) for side in (256, 512) if _load(_sd15_name(side)))
     earlier = ""
     if any(_sd15_name(side).endswith(AVX512) for side in (256, 512)):
@@ -369,8 +381,7 @@ def goals(not_run: dict) -> list[dict]:
             for r in _sd15_rows(s, f"engines-cpu-sd15-{s}")
             if "vs_eager" in r
         ]
-        old_best = max((r for r in old if r["snr_db"] >= 30), key=lambda r: r["vs_eager"], default=None)
-        old_fast = max(old, key=lambda r: r["vs_eager"], default=None)
+        old_best, old_fast = _best_and_fastest(old)
         if old_best or old_fast:
             earlier = "; earlier machine (AVX2 only, engines-cpu-sd15-{256,512}): " + "; ".join(
                 f"{label} {_fmt(r)} at {r['side']}^2"
@@ -423,9 +434,8 @@ def goals(not_run: dict) -> list[dict]:
         )
     else:
         out.append({"goal": "fastdiff-tiny within 2 points", "status": "not measured", "evidence": ""})
-    built = [r for r in rows[256] if not r.get("cache_hit") and "build_s" in r]
-    latest = {r["variant"]: r for r in sorted(built, key=lambda r: r["run"])}  # newest run per variant
-    q = [r for r in latest.values() if r["variant"] in ("ov-int8", "ov-mixed", "ort-int8")]
+    built, latest = _fresh_builds(rows[256])
+    q = [r for r in latest.values() if r["variant"] in QUANTISED_VARIANTS]
     under = [r["variant"] for r in q if r["build_s"] < 120]
     under_without = [
         r["variant"] for r in q if r["build_s"] >= 120 and r.get("build_without_quality_s", 1e9) < 120
@@ -641,8 +651,7 @@ def machine_goals(suffix: str, label: str) -> list[dict]:
     timed = [r for rs in rows.values() for r in rs if "vs_eager" in r and r.get("load_1min", 0) <= MAX_LOAD]
     if not timed:
         return []
-    best = max((r for r in timed if r["snr_db"] >= 30), key=lambda r: r["vs_eager"], default=None)
-    fastest = max(timed, key=lambda r: r["vs_eager"])
+    best, fastest = _best_and_fastest(timed)
     out = [
         {
             "goal": f"best CPU engine >= 5x eager fp32 per U-Net step at >= 30 dB, on the {label}",
@@ -654,9 +663,8 @@ def machine_goals(suffix: str, label: str) -> list[dict]:
             ),
         }
     ]
-    built = [r for r in rows[256] if not r.get("cache_hit") and "build_s" in r]
-    latest = {r["variant"]: r for r in sorted(built, key=lambda r: r["run"])}
-    q = [r for v, r in latest.items() if v in ("ov-int8", "ov-mixed", "ort-int8")]
+    _, latest = _fresh_builds(rows[256])
+    q = [r for v, r in latest.items() if v in QUANTISED_VARIANTS]
     if q:
         under = [r["variant"] for r in q if r["build_s"] < 120]
         over = [r["variant"] for r in q if r["build_s"] >= 120]
