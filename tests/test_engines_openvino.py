@@ -438,12 +438,68 @@ def test_bf16_after_fp32_in_one_cache_keeps_its_own_compiled_blobs(pipe, tmp_pat
     folder for both, a bf16 engine compiled after the fp32 one ran wrong on an AVX512-BF16 CPU
     (2.7 dB on fastdiff-tiny against 45.6 dB built alone): each hint now has its own folder. (The random
     test U-Net gives about 29 dB in bf16.)"""
-    fp32 = compile_engine(pipe.unet, backend="openvino", precision="fp32", cache_dir=tmp_path, install=False)
-    bf16 = compile_engine(pipe.unet, backend="openvino", precision="bf16", cache_dir=tmp_path, install=False)
+    kwargs = dict(
+        backend="openvino", cache_dir=tmp_path, install=False, runtime=RuntimeConfig(blob_cache="full")
+    )
+    fp32 = compile_engine(pipe.unet, precision="fp32", **kwargs)
+    bf16 = compile_engine(pipe.unet, precision="bf16", **kwargs)
     assert fp32.quality["snr_db"] > 60 and bf16.quality["snr_db"] > 20
     blobs = tmp_path / "openvino-blobs"
     assert {p.name for p in blobs.iterdir()} == {"f32", "bf16"}
     assert all(any((blobs / hint).iterdir()) for hint in ("f32", "bf16"))
+
+
+def test_blob_cache_mode_decides_what_openvino_writes(pipe, tmp_path):
+    """#14: ``RuntimeConfig.blob_cache``: "off" writes no compiled blob, "full" writes one holding the
+    compiled weights in the hint's folder, "weightless" a smaller one in a folder of its own; all three
+    run the same cached IR and match the PyTorch U-Net."""
+    sig = unet_signature(pipe.unet)
+    inputs = sig.example_inputs(2, 8, 8, generator=torch.Generator().manual_seed(3))
+    ref = _eager(pipe.unet.double(), {k: v.double() for k, v in inputs.items()}).float()
+    pipe.unet.float()
+    blobs = tmp_path / "openvino-blobs"
+
+    def written() -> dict[str, int]:
+        if not blobs.exists():
+            return {}
+        return {
+            d.name: sum(f.stat().st_size for f in d.iterdir()) for d in blobs.iterdir() if any(d.iterdir())
+        }
+
+    sizes = {}
+    for mode in ("off", "full", "weightless"):
+        engine = compile_engine(
+            pipe.unet,
+            backend="openvino",
+            precision="fp32",
+            cache_dir=tmp_path,
+            install=False,
+            runtime=RuntimeConfig(blob_cache=mode),
+        )
+        out = engine.runner(inputs)
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-4, mode
+        sizes[mode] = written()
+    assert sizes["off"] == {}
+    assert set(sizes["full"]) == {"f32"}
+    assert set(sizes["weightless"]) == {"f32", "f32-weightless"}
+    assert sizes["weightless"]["f32-weightless"] < sizes["full"]["f32"] / 2
+
+
+def test_blob_cache_is_off_by_default_and_bad_values_are_refused(pipe, tmp_path):
+    """#14: by default a cached OpenVINO engine writes no compiled blob (it brought no faster start and
+    doubled memory and disk per shape: results/engines-blob-cache.md); a bad mode is refused naming the
+    valid ones, before any build."""
+    engine = compile_engine(
+        pipe.unet, backend="openvino", precision="fp32", cache_dir=tmp_path, install=False
+    )
+    assert engine.build_info["blob_cache"] == "off"
+    assert not (tmp_path / "openvino-blobs").exists()
+    with pytest.raises(
+        ValueError, match=r"RuntimeConfig.blob_cache must be one of \['off', 'full', 'weightless'\].*'on'"
+    ):
+        RuntimeConfig(blob_cache="on")
+    with pytest.raises(ValueError, match=r"blob_cache_mode must be one of.*'auto'"):
+        runtime_ov.OvRunner("x.xml", blob_cache_mode="auto")
 
 
 def test_bad_arguments_and_guard(pipe, calib, monkeypatch):

@@ -266,7 +266,8 @@ def compile_engine(
                 hint=engine_hint(runtime, precision),
                 static=runtime.static,
                 threads=runtime.threads,
-                blob_cache=cache.root / "openvino-blobs" if use_cache else None,
+                blob_cache=cache.root / "openvino-blobs",
+                blob_cache_mode=runtime.blob_cache if use_cache else "off",
             )
         else:
             from .runtime_ort import OrtRunner
@@ -305,7 +306,7 @@ def compile_engine(
         resolved = {
             k: parts.get("quant", {}).get(k) for k in ("statistics_hint", "overflow_fix", "attention")
         }
-        build_info.update(hint=runner.hint, **resolved)
+        build_info.update(hint=runner.hint, blob_cache=runner.blob_cache_mode, **resolved)
     build_info.update(layers_info)
     engine = EngineUNet(
         runner,

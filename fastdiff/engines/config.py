@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from .quantization import DEFAULT_EXCLUDE
-from .runtime_ov import BIAS_CORRECTIONS, OVERFLOW_FIXES, check_statistics_batch
+from .runtime_ov import BIAS_CORRECTIONS, BLOB_CACHE_MODES, OVERFLOW_FIXES, check_statistics_batch
 
 STATISTICS_HINTS = ("engine", "f32", "bf16")  # QuantConfig.statistics_hint
 ATTENTION_MODES = ("auto", "int8", "float")  # QuantConfig.attention
@@ -141,11 +141,19 @@ class RuntimeConfig:
     per input shape instead of once with dynamic axes. hint: OpenVINO's inference precision for the
     layers the engine does not quantise, "f32" or "bf16"; None (default): by precision, bf16 for int8
     and mixed only where the CPU runs it natively (:func:`fastdiff.engines.runtime_ov.hint_for`).
+    blob_cache: OpenVINO's own cache of compiled models, one blob per input shape and hint beside the
+    engine cache (only with ``use_cache=True``; not part of the engine's cache key): "off" (default),
+    "full" (OpenVINO's default mode, the compiled weights in the blob) or "weightless" (its size-optimised
+    mode). Off, a cached engine's first call per shape compiles the IR. On the AMX Xeon (full SD1.5 U-Net,
+    results/engines-blob-cache.md) "full" brought a cached start's first output no sooner for fp32 and bf16
+    and held the weights a second time (+3.2 GB memory, +3.4 GB disk per shape); for int8 it saved up to
+    1.8 s at 512^2 for +0.9 GB memory and +0.95 GB disk per shape. "weightless" saved no time.
     trt_batch, trt_image_px: TensorRT profile (prompts, pixels) as (min, opt, max)."""
 
     threads: int | None = None
     static: bool = True
     hint: str | None = None
+    blob_cache: str = "off"
     trt_batch: tuple[int, int, int] = (1, 1, 8)
     trt_image_px: tuple[int, int, int] = (256, 512, 1024)
 
@@ -156,4 +164,8 @@ class RuntimeConfig:
         if self.hint not in (None, "f32", "bf16"):
             raise ValueError(
                 f"RuntimeConfig.hint must be 'f32', 'bf16' or None (by precision), got {self.hint!r}"
+            )
+        if self.blob_cache not in BLOB_CACHE_MODES:
+            raise ValueError(
+                f"RuntimeConfig.blob_cache must be one of {list(BLOB_CACHE_MODES)}, got {self.blob_cache!r}"
             )

@@ -46,6 +46,9 @@ BIAS_CORRECTIONS = ("fast", "full", "none")  # NNCF's bias correction after min-
 OVERFLOW_FIXES = ("enable", "first_layer_only", "disable")
 
 
+BLOB_CACHE_MODES = ("off", "full", "weightless")  # OpenVINO's compiled-model cache (CACHE_MODE)
+
+
 def require_openvino(feature: str = "OpenVINO engines", nncf: bool = False):
     """Import openvino (and nncf), or raise naming the pip extra that provides them."""
     missing = [m for m in ("openvino", "nncf" if nncf else None) if m and not is_available(m)]
@@ -311,6 +314,9 @@ class OvRunner:
     handful of shapes per pipeline; each compiled model is kept), which lets the CPU plugin pick
     shape-specific kernels; a smaller batch of a shape already compiled (rows that left the batch) runs on
     one model with a dynamic batch axis instead. ``static=False`` compiles once with the exported dynamic axes.
+
+    ``blob_cache``: a folder for OpenVINO's compiled-model cache (a subfolder per hint and mode), used as
+    ``blob_cache_mode`` says: "full" (weights in the blob), "weightless" (CACHE_MODE OPTIMIZE_SIZE) or "off".
     """
 
     backend = "openvino"
@@ -323,19 +329,29 @@ class OvRunner:
         static: bool = True,
         threads: int | None = None,
         blob_cache: str | os.PathLike | None = None,
+        blob_cache_mode: str = "full",
     ):
         threads = check_threads(threads)
         ov = require_openvino()
         if hint not in ("f32", "bf16"):
             raise ValueError(f"hint must be 'f32' or 'bf16', got {hint!r}")
+        if blob_cache_mode not in BLOB_CACHE_MODES:
+            raise ValueError(
+                f"blob_cache_mode must be one of {list(BLOB_CACHE_MODES)}, got {blob_cache_mode!r}"
+            )
         in_memory = isinstance(model_path, ov.Model)  # e.g. a model being built (ov_sensitivity)
         self.path = None if in_memory else Path(model_path)
         self.hint = hint
         self.static = bool(static)
         self.core = ov.Core()
-        if blob_cache is not None:  # one folder per hint: OpenVINO reused fp32 blobs for bf16 (2.7 dB, #14)
-            self.core.set_property({"CACHE_DIR": str(Path(blob_cache) / hint)})
         self.config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
+        self.blob_cache_mode = blob_cache_mode if blob_cache is not None else "off"
+        if self.blob_cache_mode != "off":
+            # One folder per hint (OpenVINO reused fp32 blobs for bf16: 2.7 dB, #14) and per mode.
+            folder = Path(blob_cache) / (hint if blob_cache_mode == "full" else f"{hint}-weightless")
+            self.core.set_property({"CACHE_DIR": str(folder)})
+            if blob_cache_mode == "weightless":
+                self.config["CACHE_MODE"] = "OPTIMIZE_SIZE"
         if threads is not None:
             self.config["INFERENCE_NUM_THREADS"] = threads
         self.model = model_path if in_memory else self.core.read_model(str(self.path))
