@@ -362,6 +362,33 @@ def _build_fmt(r):
     return f"{r['variant']} {r['build_s']} s{split} (run {r['run']}, load {r['load_1min']}{settings})"
 
 
+def _blob_cache_starts() -> str:
+    """Cached OpenVINO starts with the default blob_cache='off' and with OpenVINO's blob cache
+    (engines_blob_cache.py: fresh processes through the first U-Net call)."""
+    data = _load("engines-blob-cache")
+    if not data:
+        return ""
+    rows = {(r["side"], r["precision"], r["blob_cache"], r["start"]): r for r in data["rows"]}
+    parts = []
+    for (side, precision, mode, start), r in sorted(rows.items()):
+        full = rows.get((side, precision, "full", start))
+        if mode != "off" or start != "warm":
+            continue
+        parts.append(
+            f"{precision} at {side}^2: compile_engine {r['cache_hit_s']} s + first call {r['first_call_s']} s "
+            f"(a step: {r['second_call_s']} s)"
+            + (
+                f", with OpenVINO's blob cache {full['cache_hit_s']} s + {full['first_call_s']} s"
+                if full
+                else ""
+            )
+        )
+    return (
+        "; cached starts with the default blob_cache='off' (engines-blob-cache, AMX Xeon, fresh process, files in "
+        "the page cache): " + "; ".join(parts)
+    )
+
+
 def goals(not_run: dict) -> list[dict]:
     rows = {side: _sd15_rows(side) for side in (256, 512)}
     out = []
@@ -520,7 +547,8 @@ def goals(not_run: dict) -> list[dict]:
                 f"; {r['variant']} at {r['side']}^2 (engines.py run {r['run']}, fresh process, load {r['load_1min']}): "
                 f"compile_engine {r['build_s']} s, {r['first_call_s']} s more through the first step"
                 for r in cached
-            ),
+            )
+            + _blob_cache_starts(),
         }
     )
     at512 = [m for m in mem if m.get("records") == 32 and m.get("side_px") == 512 and "peak_rss_gb" in m]
@@ -774,7 +802,8 @@ def main():
         "build at 512^2 (engines-cpu-sd15-512-avx512 run 3), an ONNX Runtime int8 cache hit at 256^2 "
         "(engines-cpu-sd15-256-avx512 run 15) and cache hits of five engines at 512^2 (engines-cpu-sd15-512-avx512 "
         "run 9, from a cold page cache: OpenVINO's first step then reads its blob cache, which holds the compiled "
-        "weights again, 76.6 s for fp32 against a fresh compile's 8.3 s) were measured."
+        "weights again, 76.6 s for fp32 against a fresh compile's 8.3 s) were measured. Since c368679 that blob "
+        "cache is off by default (engines-blob-cache: no sooner first output for fp32 and bf16, warm or cold)."
         + "\n- Cached rebuild (cache format 2): the 512^2 fp32 entry was filled by `engines_memory.py adopt` from "
         "the format-1 entry built at 15:26 UTC by the same export code (identical artifacts copied; key, "
         "meta.json and checksums written by compile_engine itself) instead of a 10-minute export on the shared "
