@@ -949,10 +949,16 @@ def _quantised_attention(model) -> int:
     return count
 
 
-def test_float_attention_leaves_attention_q_and_k_unquantised(pipe, calib):
-    """#14: QuantConfig.attention="float" keeps the Q and K of attention (ScaledDotProductAttention, as
-    the direct conversion has it) in float; NNCF quantises them otherwise. Everything else is still int8."""
-    model = ov_build.convert_pytorch(pipe.unet, unet_signature(pipe.unet), ExportConfig())
+@pytest.mark.parametrize("source", ["pytorch", "onnx"])
+def test_float_attention_leaves_attention_q_and_k_unquantised(pipe, calib, source, tmp_path):
+    """#14: QuantConfig.attention="float" keeps the Q and K of attention in float; NNCF quantises them
+    otherwise. Everything else is still int8. Both conversion routes give OpenVINO's
+    ScaledDotProductAttention ops (from ONNX, OpenVINO fuses the MatMul-Softmax-MatMul), which the
+    setting names."""
+    if source == "pytorch":
+        model = ov_build.convert_pytorch(pipe.unet, unet_signature(pipe.unet), ExportConfig())
+    else:
+        model = runtime_ov.convert(export_mod.export_onnx(pipe.unet, tmp_path / "unet.onnx"))
     sdpa = sum(op.get_type_name() == "ScaledDotProductAttention" for op in model.get_ops())
     assert sdpa > 0
     fit = calib.split(4)[0].subset(2)
