@@ -69,6 +69,27 @@ def _run_pipe(p, steps=6, **kw):
     ).images
 
 
+def test_reset_stats_counts_the_next_run_afresh(pipe):
+    h = step_cache(pipe, mode="uniform", interval=3)
+    try:
+        _run_pipe(pipe)
+        once = (
+            h.stats.unet_calls,
+            h.stats.full_calls,
+            h.stats.cached_calls,
+            [dict(r) for r in h.stats.trace],
+        )
+        _run_pipe(pipe)
+        assert h.stats.runs == 2 and h.stats.unet_calls == 2 * once[0]
+        h.reset_stats()
+        assert h.stats.runs == 0 and h.stats.unet_calls == 0 and h.last_run() is None
+        _run_pipe(pipe)
+        again = (h.stats.unet_calls, h.stats.full_calls, h.stats.cached_calls, h.stats.trace)
+        assert h.stats.runs == 1 and again == once and once[2] > 0
+    finally:
+        installed.undo_all(pipe)
+
+
 # --------------------------------------------------------------------------- identity
 def test_off_and_disabled_are_bit_identical_to_the_original(pipe):
     ref = _run_pipe(pipe)

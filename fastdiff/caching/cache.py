@@ -146,6 +146,7 @@ class StepCache(StepClock, CallHooks, RowSelection, Forecaster):
         self._clear_run()
 
     def reset_stats(self) -> None:
+        """Zero the counters (call between pipeline runs); cached features are kept until the next run."""
         self.stats = StepCacheStats()
 
     def last_run(self) -> StepCacheRun | None:
