@@ -147,7 +147,8 @@ class RuntimeConfig:
     mode). Off, a cached engine's first call per shape compiles the IR. On the AMX Xeon (full SD1.5 U-Net,
     results/engines-blob-cache.md) "full" brought a cached start's first output no sooner for fp32 and bf16
     and held the weights a second time (+3.2-3.35 GB memory, +3.44 GB disk per shape); for int8 it saved
-    1.75 s at 512^2 (none at 256^2) for +0.88 GB memory and +0.95 GB disk per shape. "weightless" saved no time.
+    1.75-2.1 s at 512^2 (none at 256^2) for +0.88 GB memory and +0.95 GB disk per shape (two runs,
+    engines-blob-cache{,-512-reps4}.md). "weightless" saved no time.
     trt_batch, trt_image_px: TensorRT profile (prompts, pixels) as (min, opt, max)."""
 
     threads: int | None = None
