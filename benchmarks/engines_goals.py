@@ -383,9 +383,22 @@ def _blob_cache_starts() -> str:
                 else ""
             )
         )
+    rerun = [r for r in (_load("engines-blob-cache-512-reps4") or {}).get("rows", []) if r["start"] == "warm"]
+    again = [
+        f"{r['precision']} at {r['side']}^2 {r['blob_cache']} {r['to_first_image_step_s']} s "
+        f"({r['to_first_min_s']}-{r['to_first_max_s']})"
+        for r in rerun
+    ]
     return (
         "; cached starts with the default blob_cache='off' (engines-blob-cache, AMX Xeon, fresh process, files in "
-        "the page cache): " + "; ".join(parts)
+        "the page cache): "
+        + "; ".join(parts)
+        + (
+            f"; rerun with {rerun[0]['n']} warm starts each, to the end of the first call (engines-blob-cache-512-reps4): "
+            + ", ".join(again)
+            if again
+            else ""
+        )
     )
 
 
