@@ -466,17 +466,9 @@ def test_blob_cache_mode_decides_what_openvino_writes(pipe, tmp_path):
             d.name: sum(f.stat().st_size for f in d.iterdir()) for d in blobs.iterdir() if any(d.iterdir())
         }
 
-    sizes = {}
+    sizes, fp32 = {}, dict(backend="openvino", precision="fp32", cache_dir=tmp_path, install=False)
     for mode in ("off", "full", "weightless"):
-        engine = compile_engine(
-            pipe.unet,
-            backend="openvino",
-            precision="fp32",
-            cache_dir=tmp_path,
-            install=False,
-            runtime=RuntimeConfig(blob_cache=mode),
-        )
-        out = engine.runner(inputs)
+        out = compile_engine(pipe.unet, runtime=RuntimeConfig(blob_cache=mode), **fp32).runner(inputs)
         assert ((out - ref).norm() / ref.norm()).item() < 1e-4, mode
         sizes[mode] = written()
     assert sizes["off"] == {}
