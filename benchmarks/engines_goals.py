@@ -371,9 +371,9 @@ def _blob_cache_starts() -> str:
     rows = {(r["side"], r["precision"], r["blob_cache"], r["start"]): r for r in data["rows"]}
     parts = []
     for (side, precision, mode, start), r in sorted(rows.items()):
-        full = rows.get((side, precision, "full", start))
         if mode != "off" or start != "warm":
             continue
+        full = rows.get((side, precision, "full", start))
         parts.append(
             f"{precision} at {side}^2: compile_engine {r['cache_hit_s']} s + first call {r['first_call_s']} s "
             f"(a step: {r['second_call_s']} s)"

@@ -8,6 +8,7 @@ call even on the tiny model, so the int8 and mixed builds are made once per modu
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import pytest
@@ -455,8 +456,7 @@ def test_blob_cache_mode_decides_what_openvino_writes(pipe, tmp_path):
     run the same cached IR and match the PyTorch U-Net."""
     sig = unet_signature(pipe.unet)
     inputs = sig.example_inputs(2, 8, 8, generator=torch.Generator().manual_seed(3))
-    ref = _eager(pipe.unet.double(), {k: v.double() for k, v in inputs.items()}).float()
-    pipe.unet.float()
+    ref = _eager(copy.deepcopy(pipe.unet).double(), {k: v.double() for k, v in inputs.items()}).float()
     blobs = tmp_path / "openvino-blobs"
 
     def written() -> dict[str, int]:
