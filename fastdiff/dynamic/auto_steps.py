@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fastdiff.dynamic.checks import check_positive_int
 from fastdiff.dynamic.protocols import StepChoice, StepPlanner
 
 __all__ = [
@@ -125,8 +126,7 @@ class AutoSteps(StepPlanner):
         if probe_steps is None:
             probe_steps = int(table.get("probe_steps", 2))
         for name, v in (("min_steps", min_steps), ("max_steps", max_steps), ("probe_steps", probe_steps)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"AutoSteps {name} must be an int >= 1, got {v!r}")
+            check_positive_int(f"AutoSteps {name}", v)
         if min_steps > max_steps:
             raise ValueError(f"AutoSteps min_steps ({min_steps}) must not exceed max_steps ({max_steps})")
         if probe_steps > min_steps:

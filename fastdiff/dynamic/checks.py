@@ -1,5 +1,6 @@
-"""Argument checks that :func:`fastdiff.dynamic.sample` shares with :func:`~fastdiff.dynamic.resume` and the
-drop-in pipelines (sample's own checks open its body); every one runs before any model call.
+"""Argument checks that :func:`fastdiff.dynamic.sample` shares with :func:`~fastdiff.dynamic.resume`, the
+controllers and planners and the drop-in pipelines (sample's own checks open its body); every one runs before
+any model call.
 
 Each message names the argument, the value received and what is valid (issue #16).
 """
@@ -12,13 +13,36 @@ import torch
 
 from fastdiff.dynamic.adapters import Reschedulable
 
-__all__ = ["check_can_jump", "check_generator", "check_stop_after", "steps_per_row"]
+__all__ = [
+    "check_can_jump",
+    "check_generator",
+    "check_positive_int",
+    "check_stop_after",
+    "is_int",
+    "is_number",
+    "steps_per_row",
+]
+
+
+def is_int(value) -> bool:
+    """An int; not a bool, although Python counts ``True`` as an int."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """An int or a float; not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_positive_int(name: str, value, upper: int | None = None, multiple: int = 1) -> None:
+    """``value`` must be an int >= 1 (and <= ``upper``, and a multiple of ``multiple``, where given)."""
+    if not (is_int(value) and value >= 1 and (upper is None or value <= upper) and value % multiple == 0):
+        valid = f"an int >= 1{f' and <= {upper}' if upper else ''}{f', a multiple of {multiple}' if multiple > 1 else ''}"
+        raise ValueError(f"{name} must be {valid}, got {value!r}")
 
 
 def check_stop_after(stop_after) -> None:
-    if stop_after is not None and (
-        not isinstance(stop_after, int) or isinstance(stop_after, bool) or stop_after < 0
-    ):
+    if stop_after is not None and not (is_int(stop_after) and stop_after >= 0):
         raise ValueError(
             f"stop_after must be an int >= 0 (steps before pausing; 0: before the first) or None, got {stop_after!r}"
         )
@@ -64,7 +88,7 @@ def steps_per_row(num_inference_steps, batch: int) -> list[int | None]:
     else:
         raise TypeError(f"{what}, got {type(num_inference_steps).__name__}")
     for n in counts:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(
                 f"num_inference_steps must be positive ints (one per row or one for all), got {n!r}"
             )

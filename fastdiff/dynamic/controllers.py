@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from fastdiff.dynamic.checks import check_positive_int, is_number
 from fastdiff.dynamic.protocols import Controller, Decision
 
 __all__ = ["Controller", "EarlyStop", "FastForward"]
@@ -38,13 +39,10 @@ class EarlyStop(Controller):
     def __init__(
         self, rtol: float = 0.01, patience: int = 2, min_steps: int = 5, max_sigma: float | None = 1.0
     ):
-        if not (
-            isinstance(rtol, (int, float)) and not isinstance(rtol, bool) and rtol > 0 and math.isfinite(rtol)
-        ):
+        if not (is_number(rtol) and rtol > 0 and math.isfinite(rtol)):
             raise ValueError(f"EarlyStop rtol must be a positive finite number, got {rtol!r}")
-        for name, v in (("patience", patience), ("min_steps", min_steps)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"EarlyStop {name} must be an int >= 1, got {v!r}")
+        check_positive_int("EarlyStop patience", patience)
+        check_positive_int("EarlyStop min_steps", min_steps)
         if max_sigma is not None and not (isinstance(max_sigma, (int, float)) and max_sigma > 0):
             raise ValueError(f"EarlyStop max_sigma must be a positive number or None, got {max_sigma!r}")
         self.rtol = float(rtol)
@@ -123,8 +121,7 @@ class FastForward(EarlyStop):
         jumps: int = 2,
     ):
         super().__init__(rtol=rtol, patience=patience, min_steps=min_steps, max_sigma=max_sigma)
-        if not isinstance(jumps, int) or isinstance(jumps, bool) or jumps < 1:
-            raise ValueError(f"FastForward jumps must be an int >= 1, got {jumps!r}")
+        check_positive_int("FastForward jumps", jumps)
         self.jumps = jumps
 
     def decide(self, row, steps_done, num_steps, x0_change, sigma, sigmas_ahead) -> Decision:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from fastdiff.dynamic.checks import is_int, is_number
 from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.records import SampleResult
 
@@ -30,7 +31,7 @@ def refine_steps(num_inference_steps: int, strength: float) -> int:
     """Steps of an N-step schedule left for the refinement: ``int(N * strength)``, as diffusers' img2img.
 
     Raises a ValueError naming both values when the strength is outside (0, 1] or leaves no step."""
-    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0.0 < strength <= 1.0:
+    if not (is_number(strength) and 0.0 < strength <= 1.0):
         raise ValueError(f"strength must be in (0, 1], got {strength!r}")
     n = min(int(num_inference_steps * strength), num_inference_steps)
     if n == 0:
@@ -99,7 +100,7 @@ def draft_and_refine(
     refinement as in :func:`~fastdiff.dynamic.sample`; a paused refinement resumes with
     :func:`~fastdiff.dynamic.resume`.
     """
-    if not isinstance(draft_steps, int) or isinstance(draft_steps, bool) or draft_steps < 1:
+    if not (is_int(draft_steps) and draft_steps >= 1):
         raise ValueError(f"draft_steps must be an int >= 1 (LCM uses 1-4), got {draft_steps!r}")
     refine_steps(num_inference_steps, strength)
     draft = sample(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from fastdiff.dynamic.checks import is_number
+
 __all__ = ["steps_needed", "spearman", "fit_bins", "NOT_REACHED"]
 
 NOT_REACHED = math.inf  # the need of an image that no candidate brought to the threshold
@@ -32,7 +34,7 @@ def steps_needed(psnr_by_steps: Mapping[int, float], threshold_db: float) -> flo
         raise ValueError("psnr_by_steps is empty: give at least one {steps: PSNR} entry")
     for steps in sorted(psnr_by_steps):
         value = psnr_by_steps[steps]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if not is_number(value) or math.isnan(value):
             raise ValueError(f"psnr_by_steps[{steps}] must be a number, got {value!r}")
         if value >= threshold_db:
             return steps

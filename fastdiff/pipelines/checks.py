@@ -15,7 +15,7 @@ import math
 import torch
 
 from fastdiff.dynamic.adapters import step_parameters
-from fastdiff.dynamic.checks import check_generator
+from fastdiff.dynamic.checks import check_generator, check_positive_int, is_int, is_number
 
 __all__ = [
     "MAX_STEPS",
@@ -26,7 +26,6 @@ __all__ = [
     "check_latents",
     "check_output_type",
     "check_preview_steps",
-    "is_number",
     "prompts_per_image",
 ]
 
@@ -34,9 +33,7 @@ OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
 def check_preview_steps(preview_steps) -> None:
-    if preview_steps is not None and (
-        not isinstance(preview_steps, int) or isinstance(preview_steps, bool) or preview_steps < 1
-    ):
+    if preview_steps is not None and not (is_int(preview_steps) and preview_steps >= 1):
         raise ValueError(f"preview_steps must be an int >= 1 or None, got {preview_steps!r}")
 
 
@@ -78,19 +75,6 @@ def check_known_kwargs(diffusers_call, fastdiff_call, kwargs: dict) -> None:
         )
 
 
-def is_number(value) -> bool:
-    """An int or a float; not a bool, although Python counts ``True`` as an int."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive_int(name: str, value, upper: int | None = None, multiple: int = 1) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    ok = ok and (upper is None or value <= upper) and value % multiple == 0
-    if not ok:
-        valid = f"an int >= 1{f' and <= {upper}' if upper else ''}{f', a multiple of {multiple}' if multiple > 1 else ''}"
-        raise ValueError(f"{name} must be {valid}, got {value!r}")
-
-
 def check_call_kwargs(args: tuple, kwargs: dict) -> None:
     """Diffusers keywords that diffusers itself accepts silently or fails on obscurely, checked on both paths.
 
@@ -100,12 +84,12 @@ def check_call_kwargs(args: tuple, kwargs: dict) -> None:
     if isinstance(prompt, (list, tuple)) and (not prompt or not all(isinstance(p, str) for p in prompt)):
         raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
     if kwargs.get("num_images_per_prompt") is not None:
-        _positive_int("num_images_per_prompt", kwargs["num_images_per_prompt"])
+        check_positive_int("num_images_per_prompt", kwargs["num_images_per_prompt"])
     for name in ("height", "width"):
         if kwargs.get(name) is not None:
-            _positive_int(name, kwargs[name], multiple=8)
+            check_positive_int(name, kwargs[name], multiple=8)
     if kwargs.get("num_inference_steps") is not None:
-        _positive_int("num_inference_steps", kwargs["num_inference_steps"], upper=MAX_STEPS)
+        check_positive_int("num_inference_steps", kwargs["num_inference_steps"], upper=MAX_STEPS)
     scale = kwargs.get("guidance_scale")
     if scale is not None and not (is_number(scale) and math.isfinite(scale)):
         raise ValueError(

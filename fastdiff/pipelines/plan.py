@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastdiff.dynamic.auto_steps import AutoSteps
+from fastdiff.dynamic.checks import is_int, is_number
 from fastdiff.dynamic.controllers import EarlyStop
 from fastdiff.dynamic.draft import refine_steps
 from fastdiff.dynamic.presets import resolve_steps
 from fastdiff.pipelines.capture import diffusers_class
-from fastdiff.pipelines.checks import check_output_type, check_preview_steps, is_number, prompts_per_image
+from fastdiff.pipelines.checks import check_output_type, check_preview_steps, prompts_per_image
 
 __all__ = ["CallPlan", "DraftSpec", "plan_call"]
 
@@ -59,7 +60,7 @@ class DraftSpec:
             )
         if not (is_number(spec.strength) and 0.0 < spec.strength <= 1.0):
             raise ValueError(f"draft strength must be in (0, 1], got {spec.strength!r}")
-        if not isinstance(spec.steps, int) or isinstance(spec.steps, bool) or not 1 <= spec.steps <= 8:
+        if not (is_int(spec.steps) and 1 <= spec.steps <= 8):
             raise ValueError(f"draft steps must be an int in [1, 8] (LCM uses 1-4), got {spec.steps!r}")
         return spec
 
