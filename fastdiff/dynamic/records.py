@@ -37,11 +37,7 @@ def trace_table(trace: list[StepRecord]) -> dict[str, torch.Tensor]:
     if not trace:
         return {}
     return {
-        "t": torch.tensor([r.t for r in trace]),
-        "sigma": torch.tensor([r.sigma for r in trace]),
-        "x0_change": torch.tensor([r.x0_change for r in trace]),
-        "active": torch.tensor([r.active for r in trace]),
-        "nfe": torch.tensor([r.nfe for r in trace]),
+        k: torch.tensor([getattr(r, k) for r in trace]) for k in ("t", "sigma", "x0_change", "active", "nfe")
     }
 
 

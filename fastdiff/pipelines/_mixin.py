@@ -224,11 +224,9 @@ class FastdiffPipelineMixin:
                     finish_call(self)  # a step cache forgets the failed run's features and schedule
                     raise
         timings["denoise"] = time.perf_counter() - t0 - timings.get("draft", 0.0)
-        decode_kwargs = {
-            "output_type": plan.output_type,
-            "return_dict": plan.return_dict,
-            "generator": plan.generator,
-        }
+        decode_kwargs = dict(
+            output_type=plan.output_type, return_dict=plan.return_dict, generator=plan.generator
+        )
         return self._fastdiff_finish(result, plan.reason, timings, decode_kwargs)
 
     def _fastdiff_finish(self, result, reason: str, timings: dict, decode_kwargs: dict):
