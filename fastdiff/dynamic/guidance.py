@@ -82,12 +82,9 @@ class GuidedUNet:
     def __call__(self, x: torch.Tensor, t, rows: torch.Tensor | None = None) -> torch.Tensor:
         if rows is None:
             rows = torch.arange(x.shape[0])
-        full = len(rows) == self.batch_size and bool((rows == torch.arange(self.batch_size)).all())
-        if full:
-            ehs, kwargs = self.encoder_hidden_states, self.unet_kwargs
-        else:
-            ehs = slice_rows(self.encoder_hidden_states, rows, self.batch_size, self.do_cfg)
-            kwargs = slice_rows(self.unet_kwargs, rows, self.batch_size, self.do_cfg)
+        ehs, kwargs = self.encoder_hidden_states, self.unet_kwargs
+        if len(rows) != self.batch_size or not bool((rows == torch.arange(self.batch_size)).all()):
+            ehs, kwargs = slice_rows((ehs, kwargs), rows, self.batch_size, self.do_cfg)  # rows still running
         t = torch.as_tensor(t, device=x.device)
         if self.do_cfg:
             x = torch.cat([x, x])
