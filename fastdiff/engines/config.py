@@ -6,7 +6,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from .quantization import DEFAULT_EXCLUDE
-from .runtime_ov import BIAS_CORRECTIONS, BLOB_CACHE_MODES, OVERFLOW_FIXES, check_statistics_batch
+from .runtime_common import check_choice, check_count, check_threads
+from .runtime_ov import BIAS_CORRECTIONS, BLOB_CACHE_MODES, OVERFLOW_FIXES, STATISTICS_BATCH
 
 STATISTICS_HINTS = ("engine", "f32", "bf16")  # QuantConfig.statistics_hint
 ATTENTION_MODES = ("auto", "int8", "float")  # QuantConfig.attention
@@ -77,11 +78,8 @@ class QuantConfig:
             ("overflow_fix", ("auto", *OVERFLOW_FIXES)),
             ("attention", ATTENTION_MODES),
         ):
-            if getattr(self, name) not in valid:
-                raise ValueError(
-                    f"QuantConfig.{name} must be one of {list(valid)}, got {getattr(self, name)!r}"
-                )
-        check_statistics_batch(self.statistics_batch, "QuantConfig.statistics_batch")
+            check_choice(f"QuantConfig.{name}", getattr(self, name), valid)
+        check_count("QuantConfig.statistics_batch", self.statistics_batch, STATISTICS_BATCH)
         exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
         object.__setattr__(self, "exclude", exclude)
 
@@ -159,14 +157,9 @@ class RuntimeConfig:
     trt_image_px: tuple[int, int, int] = (256, 512, 1024)
 
     def __post_init__(self):
-        from .runtime_common import check_threads
-
         check_threads(self.threads)  # before any export or build: a bad count fails in seconds, not minutes
         if self.hint not in (None, "f32", "bf16"):
             raise ValueError(
                 f"RuntimeConfig.hint must be 'f32', 'bf16' or None (by precision), got {self.hint!r}"
             )
-        if self.blob_cache not in BLOB_CACHE_MODES:
-            raise ValueError(
-                f"RuntimeConfig.blob_cache must be one of {list(BLOB_CACHE_MODES)}, got {self.blob_cache!r}"
-            )
+        check_choice("RuntimeConfig.blob_cache", self.blob_cache, BLOB_CACHE_MODES)

@@ -47,6 +47,7 @@ import numpy as np
 from .calibration import CalibrationData
 from .export import data_file, remove_model
 from .ort_calibration import HISTOGRAM_METHODS, histogram_ranges, record_feed
+from .runtime_common import check_choice
 
 LEVELS: dict[str, frozenset[str]] = {
     "conv": frozenset({"conv"}),
@@ -317,9 +318,8 @@ def quantize(
     if method not in methods:
         raise ValueError(f"unknown calibration method {method!r}; valid: {list(methods)}")
     qtypes = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
-    for what, value in (("activation_type", activation_type), ("weight_type", weight_type)):
-        if value not in qtypes:
-            raise ValueError(f"{what} must be one of {list(qtypes)}, got {value!r}")
+    check_choice("activation_type", activation_type, qtypes)
+    check_choice("weight_type", weight_type, qtypes)
     if not isinstance(calibration, CalibrationData) or len(calibration) == 0:
         raise ValueError("quantize needs non-empty CalibrationData (see fastdiff.engines.calibrate)")
     if not 0 < percentile <= 100:

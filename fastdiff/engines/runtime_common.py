@@ -1,19 +1,28 @@
-"""What every CPU runner shares: the thread-count check and the flat-record → numpy feed."""
+"""What every CPU runner shares: the argument checks (the configs use them too) and the flat-record → numpy feed."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import torch
 
 
+def check_choice(name: str, value, valid: Collection) -> None:
+    """``value`` must be one of ``valid``: else a ValueError naming the argument, the choices and the value."""
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {list(valid)}, got {value!r}")
+
+
+def check_count(name: str, value, meaning: str) -> None:
+    """``value`` must be None or an int >= 1 (not a bool); ``meaning`` says what it counts and what None means."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int {meaning}, got {value!r}")
+
+
 def check_threads(threads) -> int | None:
     """``threads`` as given when it is None (all cores) or a positive int, else a ValueError naming it."""
-    if threads is None:
-        return None
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int (CPU threads) or None (all cores), got {threads!r}")
+    check_count("threads", threads, "(CPU threads) or None (all cores)")
     return threads
 
 

@@ -38,15 +38,14 @@ import torch
 
 from .._compat import MissingDependencyError, is_available
 from .nncf_folding import statistics_models
-from .runtime_common import check_threads, numpy_feed
+from .runtime_common import check_choice, check_count, check_threads, numpy_feed
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None, "mixed": None}  # None: bf16 where native (hint_for)
 BIAS_CORRECTIONS = ("fast", "full", "none")  # NNCF's bias correction after min-max (quantize's option)
 # NNCF's OverflowFix: weights of which layers use half the int8 range (7 bits), for CPUs without VNNI.
 OVERFLOW_FIXES = ("enable", "first_layer_only", "disable")
-
-
 BLOB_CACHE_MODES = ("off", "full", "weightless")  # OpenVINO's compiled-model cache (CACHE_MODE)
+STATISTICS_BATCH = "(rows per statistics inference) or None"  # what statistics_batch counts (check_count)
 
 
 def require_openvino(feature: str = "OpenVINO engines", nncf: bool = False):
@@ -124,13 +123,6 @@ class _Progress:
             for record in self.records:
                 yield record
                 bar.update()
-
-
-def check_statistics_batch(value, name: str = "statistics_batch") -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(
-            f"{name} must be a positive int (rows per statistics inference) or None, got {value!r}"
-        )
 
 
 def record_shapes(records: Iterable[Mapping[str, torch.Tensor]], input_names: Sequence[str]) -> dict | None:
@@ -216,10 +208,8 @@ def quantize(
         float_attention: keep attention's Q and K inputs (ScaledDotProductAttention) in float; NNCF
             quantises them otherwise.
     """
-    if overflow_fix not in OVERFLOW_FIXES:
-        raise ValueError(f"overflow_fix must be one of {list(OVERFLOW_FIXES)}, got {overflow_fix!r}")
-    if bias_correction not in BIAS_CORRECTIONS:
-        raise ValueError(f"bias_correction must be one of {list(BIAS_CORRECTIONS)}, got {bias_correction!r}")
+    check_choice("overflow_fix", overflow_fix, OVERFLOW_FIXES)
+    check_choice("bias_correction", bias_correction, BIAS_CORRECTIONS)
     require_openvino("OpenVINO int8 quantisation", nncf=True)
     import nncf
     from nncf.quantization.advanced_parameters import (
@@ -228,7 +218,7 @@ def quantize(
         OverflowFix,
     )
 
-    check_statistics_batch(statistics_batch)
+    check_count("statistics_batch", statistics_batch, STATISTICS_BATCH)
     input_names = [p.get_friendly_name() for p in model.get_parameters()]
     restore = None
     if static:
@@ -335,10 +325,7 @@ class OvRunner:
         ov = require_openvino()
         if hint not in ("f32", "bf16"):
             raise ValueError(f"hint must be 'f32' or 'bf16', got {hint!r}")
-        if blob_cache_mode not in BLOB_CACHE_MODES:
-            raise ValueError(
-                f"blob_cache_mode must be one of {list(BLOB_CACHE_MODES)}, got {blob_cache_mode!r}"
-            )
+        check_choice("blob_cache_mode", blob_cache_mode, BLOB_CACHE_MODES)
         in_memory = isinstance(model_path, ov.Model)  # e.g. a model being built (ov_sensitivity)
         self.path = None if in_memory else Path(model_path)
         self.hint = hint
