@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from . import runtime_ov
-from .quality import compare_outputs
+from .quality import sensitivity_row
 from .quantization import category_of
 
 WEIGHTED = ("Convolution", "GroupConvolution", "MatMul")
@@ -108,10 +108,7 @@ def group_sensitivity(float_model, quantised, evaluation, hint: str) -> list[dic
     for group, layers in sorted(groups.items()):
         alone = quantised.clone()  # constants are shared, not copied
         unquantise(alone, [n for g, names in groups.items() if g != group for n in names])
-        q = compare_outputs(_outputs(alone, records, hint), refs)
-        results.append(
-            {"group": group, "num_nodes": len(layers), "snr_db": q["snr_db"], "cosine": q["cosine"]}
-        )
+        results.append(sensitivity_row(group, len(layers), _outputs(alone, records, hint), refs))
         del alone
     return sorted(results, key=lambda r: r["snr_db"])
 

@@ -53,6 +53,13 @@ def compare_outputs(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> dict:
     }
 
 
+def sensitivity_row(group: str, num_nodes: int, outs: list[torch.Tensor], refs: list[torch.Tensor]) -> dict:
+    """One row of a per-group sensitivity sweep (ONNX Runtime's and OpenVINO's): the group, its number
+    of layers and the agreement of ``outs`` (only that group int8) with the float ``refs``."""
+    q = compare_outputs(outs, refs)
+    return {"group": group, "num_nodes": num_nodes, "snr_db": q["snr_db"], "cosine": q["cosine"]}
+
+
 def check_gate(quality: dict, min_snr_db: float | None, min_cosine: float | None) -> str | None:
     """Return why ``quality`` fails the thresholds, or None if it passes."""
     reasons = []

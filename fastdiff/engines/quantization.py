@@ -39,7 +39,7 @@ import os
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +100,12 @@ def category_of(name: str, conv: bool) -> str:
     return "conv" if conv else "linear"
 
 
+def name_filter(exclude: Iterable[str]) -> Callable[[str], bool]:
+    """Whether a layer name matches any of the ``exclude`` regexes (``re.search``: anywhere in the name)."""
+    patterns = [re.compile(p) for p in exclude]
+    return lambda name: any(p.search(name) for p in patterns)
+
+
 def _load_graph(model_or_path):
     import onnx
 
@@ -147,13 +153,11 @@ def select_nodes(
     """Names of the nodes to quantise for ``level`` minus those matching any ``exclude`` regex."""
     if level not in LEVELS:
         raise ValueError(f"unknown quantisation level {level!r}; valid: {list(LEVELS)}")
-    if isinstance(exclude, str):
-        exclude = (exclude,)
-    patterns = [re.compile(p) for p in exclude]
+    excluded = name_filter((exclude,) if isinstance(exclude, str) else exclude)
     return [
         name
         for name, cat in classify_nodes(model_or_path).items()
-        if cat in LEVELS[level] and not any(p.search(name) for p in patterns)
+        if cat in LEVELS[level] and not excluded(name)
     ]
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import torch
 
 from .._compat import MissingDependencyError, is_available
 from .nncf_folding import statistics_models
+from .quantization import name_filter
 from .runtime_common import check_choice, check_count, check_threads, numpy_feed
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None, "mixed": None}  # None: bf16 where native (hint_for)
@@ -230,16 +230,9 @@ def quantize(
     dataset = nncf.Dataset(records, functools.partial(numpy_feed, input_names=input_names))
     # fastdiff's exclusions are re.search regexes; NNCF anchors its patterns (re.match), so resolve
     # them to exact node names here (matched in the ONNX module-path form too: see module_path_name).
-    patterns = [re.compile(p) for p in exclude]
-    ignored = [
-        op.get_friendly_name()
-        for op in model.get_ops()
-        if any(
-            p.search(n)
-            for p in patterns
-            for n in {op.get_friendly_name(), module_path_name(op.get_friendly_name())}
-        )
-    ]
+    excluded = name_filter(exclude)
+    names = [op.get_friendly_name() for op in model.get_ops()]
+    ignored = [n for n in names if excluded(n) or excluded(module_path_name(n))]
     ignored_types = ["ScaledDotProductAttention"] if float_attention else []
     advanced = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if smooth_quant else -1),

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .calibration import CalibrationData
-from .quality import compare_outputs
-from .quantization import DEFAULT_EXCLUDE, classify_nodes, preprocess, quantize
+from .quality import sensitivity_row
+from .quantization import DEFAULT_EXCLUDE, classify_nodes, name_filter, preprocess, quantize
 from .runtime_ort import OrtRunner
 
 _BLOCK = re.compile(r"/(down_blocks\.\d+|mid_block|up_blocks\.\d+)/")
@@ -57,7 +57,7 @@ def layer_sensitivity(
     """
     if by not in ("category", "block"):
         raise ValueError(f"by must be 'category' or 'block', got {by!r}")
-    patterns = [re.compile(p) for p in exclude]
+    excluded = name_filter(exclude)
     onnx_path = Path(onnx_path)
     reference = OrtRunner(onnx_path, threads=threads)
     refs = [reference(r) for r in evaluation]
@@ -68,7 +68,7 @@ def layer_sensitivity(
         categories = classify_nodes(preprocess(onnx_path, tmp / "pre.onnx"))
         groups: dict[str, list[str]] = {}
         for name, cat in categories.items():
-            if cat == "attention" or any(p.search(name) for p in patterns):
+            if cat == "attention" or excluded(name):
                 continue
             groups.setdefault(_group_of(name, cat, by), []).append(name)
         cache = tmp / "ranges.json"
@@ -85,10 +85,6 @@ def layer_sensitivity(
                 **quantize_kwargs,
             )
             runner = OrtRunner(out_path, threads=threads)
-            outs = [runner(r) for r in evaluation]
-            q = compare_outputs(outs, refs)
-            results.append(
-                {"group": group, "num_nodes": len(nodes), "snr_db": q["snr_db"], "cosine": q["cosine"]}
-            )
+            results.append(sensitivity_row(group, len(nodes), [runner(r) for r in evaluation], refs))
             del runner
     return sorted(results, key=lambda r: r["snr_db"])
