@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -186,32 +187,32 @@ def compile_engine(
         )
 
         parts["openvino_source"] = openvino_source(export)  # graph details differ by route
-    if precision in QUANTISED and backend == "openvino":
+    if precision in QUANTISED:  # int8 everywhere, mixed on OpenVINO
         parts["quant"] = {
             "exclude": list(quant.exclude),
             "max_calibration_records": quant.max_calibration_records,
             "calibration": calib_part.fingerprint(),
-            "smooth_quant": quant.smooth_quant,
-            "bias_correction": quant.bias_correction,
-            "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
-            "statistics_hint": statistics_hint(quant, runtime, precision),
-            "overflow_fix": overflow_fix(quant),  # follows the CPU: the graph differs (7-bit weights)
-            "statistics_batch": quant.statistics_batch,
-            "attention": attention_mode(quant, runtime, precision),  # follows the CPU (AMX) and hint
-            "nncf": library_versions("nncf").get("nncf"),
         }
-    elif precision == "int8":
-        parts["quant"] = {
-            "level": quant.level,
-            "method": quant.method,
-            "exclude": list(quant.exclude),
-            "percentile": quant.percentile,
-            "max_calibration_records": quant.max_calibration_records,
-            "calibration": calib_part.fingerprint(),
-            "symmetric": backend == "tensorrt",
-            # u8 x s8 saturation without VNNI: the graph itself differs (7-bit weights).
-            "reduce_range": backend == "onnxruntime" and _quantize.default_reduce_range("uint8"),
-        }
+        if backend == "openvino":
+            parts["quant"] |= {
+                "smooth_quant": quant.smooth_quant,
+                "bias_correction": quant.bias_correction,
+                "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
+                "statistics_hint": statistics_hint(quant, runtime, precision),
+                "overflow_fix": overflow_fix(quant),  # follows the CPU: the graph differs (7-bit weights)
+                "statistics_batch": quant.statistics_batch,
+                "attention": attention_mode(quant, runtime, precision),  # follows the CPU (AMX) and hint
+                "nncf": library_versions("nncf").get("nncf"),
+            }
+        else:
+            parts["quant"] |= {
+                "level": quant.level,
+                "method": quant.method,
+                "percentile": quant.percentile,
+                "symmetric": backend == "tensorrt",
+                # u8 x s8 saturation without VNNI: the graph itself differs (7-bit weights).
+                "reduce_range": backend == "onnxruntime" and _quantize.default_reduce_range("uint8"),
+            }
     if backend == "tensorrt":
         parts["trt_profile"] = {
             "batch": list(runtime.trt_batch),
@@ -228,12 +229,8 @@ def compile_engine(
     if cache_hit:
         entry = cache.entry_dir(key)
     else:
-        if use_cache:
-            entry = cache.staging_dir()
-        else:
-            import tempfile
-
-            entry = tmp_root = Path(tempfile.mkdtemp(prefix="fastdiff-engine-"))
+        entry = cache.staging_dir() if use_cache else Path(tempfile.mkdtemp(prefix="fastdiff-engine-"))
+        tmp_root = None if use_cache else entry
         try:
             spec = BuildSpec(
                 quant=quant,
