@@ -34,6 +34,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .records import record_bar
+
 HISTOGRAM_METHODS = ("percentile", "entropy")
 
 
@@ -243,7 +245,6 @@ def histogram_ranges(
     import onnx
     import onnxruntime as ort
     from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, TensorsData
-    from tqdm.auto import tqdm
 
     if method not in HISTOGRAM_METHODS:
         raise ValueError(f"histogram_ranges computes {list(HISTOGRAM_METHODS)}, got {method!r}")
@@ -280,8 +281,7 @@ def histogram_ranges(
         percentile=percentile,
         scenario="same",
     )
-    bar = tqdm(total=len(groups) * len(records), desc="fastdiff ORT calibration", unit="record", leave=False)
-    with bar:
+    with record_bar(len(groups) * len(records), "fastdiff ORT calibration") as bar:
         for k, group in enumerate(groups):
             bar.set_postfix_str(f"tensor group {k + 1}/{len(groups)}")
             options = ort.SessionOptions()

@@ -47,6 +47,7 @@ import numpy as np
 from .calibration import CalibrationData
 from .export import data_file, remove_model
 from .ort_calibration import HISTOGRAM_METHODS, histogram_ranges, record_feed
+from .records import record_bar
 from .runtime_common import check_choice
 
 LEVELS: dict[str, frozenset[str]] = {
@@ -189,11 +190,7 @@ class _Reader:
                     return None
                 r = records[i]
                 if self.bar is None:
-                    from tqdm.auto import tqdm
-
-                    self.bar = tqdm(
-                        total=len(records), desc="fastdiff ORT calibration", unit="record", leave=False
-                    )
+                    self.bar = record_bar(len(records), "fastdiff ORT calibration")
                 elif self.bar.n >= self.bar.total:
                     self.bar.reset()
                 self.bar.update()

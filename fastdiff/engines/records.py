@@ -40,6 +40,14 @@ def open_records_file(path: str | os.PathLike):
             raise ValueError(f"calibration file {str(path)!r} is damaged: {e}") from e
 
 
+def record_bar(total: int, desc: str):
+    """A tqdm bar counting calibration records, gone from the terminal once closed (NNCF's and ONNX
+    Runtime's passes over the records)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="record", leave=False)
+
+
 class DiskRecords(Sequence):
     """Records read from disk on access; slicing and index lists give views, never copies."""
 

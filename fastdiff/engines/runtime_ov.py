@@ -38,6 +38,7 @@ import torch
 from .._compat import MissingDependencyError, is_available
 from .nncf_folding import statistics_models
 from .quantization import name_filter
+from .records import record_bar
 from .runtime_common import check_choice, check_count, check_threads, numpy_feed
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None, "mixed": None}  # None: bf16 where native (hint_for)
@@ -117,9 +118,7 @@ class _Progress:
         self.records, self.total, self.desc = records, total, desc
 
     def __iter__(self):
-        from tqdm.auto import tqdm
-
-        with tqdm(total=self.total, desc=self.desc, unit="record", leave=False) as bar:
+        with record_bar(self.total, self.desc) as bar:
             for record in self.records:
                 yield record
                 bar.update()
