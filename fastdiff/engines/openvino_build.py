@@ -26,7 +26,7 @@ from time import perf_counter
 
 import torch
 
-from . import ov_sensitivity, runtime_ov
+from . import cpu, ov_sensitivity, runtime_ov
 from .build import LAYERS_FILE, QUANTISED
 from .cache import _write_json, cache_root, make_key
 from .config import QuantConfig
@@ -154,9 +154,7 @@ def overflow_fix(quant) -> str:
     256^2 (27.0 dB with VNNI), step time unchanged within noise (engines-{tiny,cpu}-int8-overflow-*avx2.md)."""
     if quant.overflow_fix != "auto":
         return quant.overflow_fix
-    from .cpu import has_vnni
-
-    return "first_layer_only" if has_vnni() else "enable"
+    return "first_layer_only" if cpu.has_vnni() else "enable"
 
 
 def attention_mode(quant, runtime, precision: str) -> str:
@@ -168,9 +166,7 @@ def attention_mode(quant, runtime, precision: str) -> str:
     31.0 dB (engines-tiny-e2e-amx-576{,-attention}.md, engines-tiny-e2e-avx512-576.md)."""
     if quant.attention != "auto":
         return quant.attention
-    from .cpu import has_amx
-
-    return "float" if engine_hint(runtime, precision) == "bf16" and has_amx() else "int8"
+    return "float" if engine_hint(runtime, precision) == "bf16" and cpu.has_amx() else "int8"
 
 
 def statistics_hint(quant, runtime, precision: str) -> str:
@@ -211,9 +207,7 @@ def auto_candidates(calibrated: bool, native_bf16: bool) -> list[str]:
 def races_fp32() -> bool:
     """Whether "auto" times its quantised pick against fp32: on CPUs without VNNI, where int8's lead
     depends on the U-Net (see :func:`auto_candidates`)."""
-    from .cpu import has_vnni
-
-    return not has_vnni()
+    return not cpu.has_vnni()
 
 
 def step_seconds(engines: list, record: dict, reps: int = 3) -> dict[str, float]:
@@ -270,9 +264,7 @@ def compile_auto(compile_engine, call: dict):
 
 def _race(quantised, fp32, call: dict):
     """The faster of two gate-passing engines, timed on one of the call's records (or the stored race)."""
-    from .cpu import engine_flags
-
-    ident = [quantised.build_info["key"], fp32.build_info["key"], engine_flags(), os.cpu_count()]
+    ident = [quantised.build_info["key"], fp32.build_info["key"], cpu.engine_flags(), os.cpu_count()]
     path = cache_root(call["cache_dir"]) / "auto-races" / f"{make_key({'race': ident})}.json"
     seconds, stored = None, False
     if call["use_cache"]:
