@@ -202,6 +202,7 @@ def calibrate(
     signature = unet_signature(unet)
     from tqdm.auto import tqdm
 
+    sizes = {k: v for k, v in (("height", height), ("width", width)) if v is not None}  # else the pipeline's
     starts = range(0, len(prompts), prompts_per_batch)
     with UNetInputRecorder(unet, save_to) as recorder, torch.no_grad():
         for start in tqdm(starts, desc="fastdiff calibrate", unit="batch", disable=not progress, leave=False):
@@ -212,15 +213,11 @@ def calibrate(
                 guidance_scale=guidance_scale,
                 generator=torch.Generator("cpu").manual_seed(seed + start),
                 output_type="latent",
+                **sizes,
             )
             if negative_prompt is not None:
                 kwargs["negative_prompt"] = [negative_prompt] * len(chunk)
-            if height is not None:
-                kwargs["height"] = height
-            if width is not None:
-                kwargs["width"] = width
-            kwargs.update(pipe_kwargs)
-            pipe(**kwargs)
+            pipe(**(kwargs | pipe_kwargs))
     meta = {
         "num_prompts": len(prompts),
         "num_inference_steps": num_inference_steps,

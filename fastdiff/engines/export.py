@@ -105,10 +105,6 @@ def tracing(unet: nn.Module, dtype: torch.dtype = torch.float32):
         module.train(was_training)
 
 
-def parameter_bytes(module: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
-
-
 def trace_shape(signature, export) -> tuple[int, int, int, int]:
     """(batch, C, H, W) to trace at for an OpenVINO or ONNX Runtime build: ``export.sample_shape``,
     else, when batch, height and width all stay dynamic, the smallest latent every level divides
@@ -177,7 +173,7 @@ def export_onnx(
     inputs = {k: v if k in FLOAT32_INPUTS else v.to(dtype) for k, v in inputs.items()}
 
     with tracing(unet, dtype) as (module, _), tempfile.TemporaryDirectory(prefix="fastdiff-export-") as tmp:
-        weight_bytes = parameter_bytes(module)
+        weight_bytes = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
         if external_data is None:
             external_data = weight_bytes > _PROTOBUF_LIMIT_BYTES
         elif not external_data and weight_bytes > _PROTOBUF_LIMIT_BYTES:
