@@ -167,14 +167,14 @@ class _Reader:
 
     Supports ``set_range`` so ``quantize_static`` feeds the calibrator one record at a time
     (``CalibStridedMinMax=1``): each record's activations are folded into the per-tensor ranges or
-    histograms before the next one is read, and records on disk are read only when fed.
+    histograms before the next one is read, and records on disk are read only when fed. ``dtypes``: the
+    graph's inputs, fed in this order, and the numpy dtype each takes (:func:`_graph_input_dtypes`).
     """
 
-    def __new__(cls, calibration: CalibrationData, input_names: Sequence[str], dtypes: dict | None = None):
+    def __new__(cls, calibration: CalibrationData, dtypes: Mapping[str, str]):
         from onnxruntime.quantization import CalibrationDataReader
 
-        records = calibration.records
-        dtypes = dtypes or {}
+        records, input_names = calibration.records, list(dtypes)
 
         class Reader(CalibrationDataReader):
             def __init__(self):
@@ -188,13 +188,12 @@ class _Reader:
                 i = next(self._pos, None)
                 if i is None:
                     return None
-                r = records[i]
                 if self.bar is None:
                     self.bar = record_bar(len(records), "fastdiff ORT calibration")
                 elif self.bar.n >= self.bar.total:
                     self.bar.reset()
                 self.bar.update()
-                return record_feed(r, input_names, dtypes)
+                return record_feed(records[i], input_names, dtypes)
 
             def __len__(self):
                 return len(records)
@@ -362,7 +361,7 @@ def quantize(
         if not quantize_outputs:
             extra["OpTypesToExcludeOutputQuantization"] = list(_QUANTISABLE_OPS)
         inputs = _graph_input_dtypes(graph)
-        reader = _Reader(calibration, list(inputs), inputs)
+        reader = _Reader(calibration, inputs)
         if calibration_cache is not None and Path(calibration_cache).is_file():
             _check_cache_covers(calibration_cache, activation_tensors(graph, chosen))
         elif method in HISTOGRAM_METHODS:
