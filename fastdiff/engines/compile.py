@@ -125,13 +125,11 @@ def compile_engine(
             "calibration = fastdiff.engines.calibrate(pipe, prompts, num_inference_steps=20)"
         )
     if backend == "openvino":
-        from . import runtime_ov
+        from . import openvino_build, runtime_ov
 
         runtime_ov.require_openvino("OpenVINO engines", nncf=precision in QUANTISED)
         if precision == "auto":
-            from .openvino_build import compile_auto
-
-            return compile_auto(compile_engine, locals())
+            return openvino_build.compile_auto(compile_engine, locals())
     elif backend == "tensorrt":
         require("tensorrt", "TensorRT engines")
         from . import runtime_trt
@@ -178,15 +176,7 @@ def compile_engine(
         "versions": library_versions(backend),
     }
     if backend == "openvino":
-        from .openvino_build import (
-            attention_mode,
-            engine_hint,
-            openvino_source,
-            overflow_fix,
-            statistics_hint,
-        )
-
-        parts["openvino_source"] = openvino_source(export)  # graph details differ by route
+        parts["openvino_source"] = openvino_build.openvino_source(export)  # graph details differ by route
     if precision in QUANTISED:  # int8 everywhere, mixed on OpenVINO
         parts["quant"] = {
             "exclude": list(quant.exclude),
@@ -198,10 +188,12 @@ def compile_engine(
                 "smooth_quant": quant.smooth_quant,
                 "bias_correction": quant.bias_correction,
                 "min_group_snr_db": quant.min_group_snr_db if precision == "mixed" else None,
-                "statistics_hint": statistics_hint(quant, runtime, precision),
-                "overflow_fix": overflow_fix(quant),  # follows the CPU: the graph differs (7-bit weights)
+                "statistics_hint": openvino_build.statistics_hint(quant, runtime, precision),
+                # overflow_fix follows the CPU: the graph differs (7-bit weights)
+                "overflow_fix": openvino_build.overflow_fix(quant),
                 "statistics_batch": quant.statistics_batch,
-                "attention": attention_mode(quant, runtime, precision),  # follows the CPU (AMX) and hint
+                # attention follows the CPU (AMX) and the hint
+                "attention": openvino_build.attention_mode(quant, runtime, precision),
                 "nncf": library_versions("nncf").get("nncf"),
             }
         else:
@@ -260,7 +252,7 @@ def compile_engine(
         elif backend == "openvino":
             runner = runtime_ov.OvRunner(
                 artifact,
-                hint=engine_hint(runtime, precision),
+                hint=openvino_build.engine_hint(runtime, precision),
                 static=runtime.static,
                 threads=runtime.threads,
                 blob_cache=cache.root / "openvino-blobs",
