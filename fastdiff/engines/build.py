@@ -41,19 +41,18 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
 
     direct = False
     if backend == "openvino":
-        from .openvino_build import openvino_source
+        from . import openvino_build  # it imports this module: not at the top
 
-        direct = openvino_source(spec.export) == "pytorch"
+        direct = openvino_build.openvino_source(spec.export) == "pytorch"
     stages = ["convert" if direct else "export", *(["quantise"] if precision in QUANTISED else []), "build"]
     bar = tqdm(total=len(stages), desc=f"fastdiff {backend}/{precision}", unit="stage", leave=False)
     with bar, tempfile.TemporaryDirectory(prefix="fastdiff-build-") as tmp:
         tmp = Path(tmp)
         model = fp_path = None  # OpenVINO builds from one of them
         if direct:
-            from .openvino_build import convert_pytorch
-
             bar.set_postfix_str("convert")
-            model = convert_pytorch(unet, signature, spec.export)  # shares the U-Net's weights: no copy held
+            # Shares the U-Net's weights: no copy held.
+            model = openvino_build.convert_pytorch(unet, signature, spec.export)
         else:
             bar.set_postfix_str("export")
             # Known gap (#14): TensorRT int8 is built from an fp32 export, so under strong typing its
@@ -92,12 +91,11 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
         bar.set_postfix_str(
             "build" if backend != "openvino" or precision not in QUANTISED else "quantise + build"
         )
+        artifact = entry / ARTIFACT[backend]
         if backend == "onnxruntime":
-            move_onnx(model_path, entry / ARTIFACT[backend])
+            move_onnx(model_path, artifact)
         elif backend == "openvino":
-            from .openvino_build import build_openvino
-
-            build_openvino(fp_path, entry / ARTIFACT[backend], precision, calib_part, spec, model=model)
+            openvino_build.build_openvino(fp_path, artifact, precision, calib_part, spec, model=model)
         else:
             from . import runtime_trt
 
@@ -108,12 +106,7 @@ def build(unet, entry: Path, backend, precision, calib_part, signature, spec: Bu
                 cfg=spec.trt_cfg,
                 sequence_length=spec.export.sequence_length,
             )
-            runtime_trt.build_engine(
-                model_path,
-                entry / ARTIFACT[backend],
-                shapes,
-                timing_cache=spec.timing_cache,
-            )
+            runtime_trt.build_engine(model_path, artifact, shapes, timing_cache=spec.timing_cache)
         bar.update(bar.total - bar.n)
 
 
