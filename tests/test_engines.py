@@ -741,6 +741,18 @@ def test_layer_sensitivity_ranks_groups(onnx_path, calib):
     assert all(r["num_nodes"] > 0 for r in result)
 
 
+def test_layer_sensitivity_takes_one_exclusion_regex_as_a_string(onnx_path, calib):
+    """exclude="conv_in" is one regex: each of its characters used to be one, excluding nearly every layer."""
+    from fastdiff.engines import layer_sensitivity
+
+    fit, held = calib.split(4)
+    result = layer_sensitivity(
+        onnx_path, fit, held.subset(1), method="minmax", max_calibration_records=2, exclude="conv_in"
+    )
+    groups = {r["group"] for r in result}
+    assert {"conv", "qkv", "ffn", "conv_out"} <= groups and "conv_in" not in groups
+
+
 def test_layer_sensitivity_releases_its_reference_session(onnx_path, calib, monkeypatch):
     """The fp32 reference session (the whole model's weights and arena: several GB at 512^2) is gone
     before the groups calibrate; ov-mixed at 512^2 ran out of memory with it alive."""

@@ -101,9 +101,12 @@ def category_of(name: str, conv: bool) -> str:
     return "conv" if conv else "linear"
 
 
-def name_filter(exclude: Iterable[str]) -> Callable[[str], bool]:
-    """Whether a layer name matches any of the ``exclude`` regexes (``re.search``: anywhere in the name)."""
-    patterns = [re.compile(p) for p in exclude]
+def name_filter(exclude: str | Iterable[str]) -> Callable[[str], bool]:
+    """Whether a layer name matches any of the ``exclude`` regexes (``re.search``: anywhere in the name).
+
+    A bare string is one regex, not a sequence of one-character regexes (which excluded nearly every layer).
+    """
+    patterns = [re.compile(p) for p in ((exclude,) if isinstance(exclude, str) else exclude)]
     return lambda name: any(p.search(name) for p in patterns)
 
 
@@ -154,7 +157,7 @@ def select_nodes(
     """Names of the nodes to quantise for ``level`` minus those matching any ``exclude`` regex."""
     if level not in LEVELS:
         raise ValueError(f"unknown quantisation level {level!r}; valid: {list(LEVELS)}")
-    excluded = name_filter((exclude,) if isinstance(exclude, str) else exclude)
+    excluded = name_filter(exclude)
     return [
         name
         for name, cat in classify_nodes(model_or_path).items()
