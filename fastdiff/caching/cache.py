@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from fastdiff import installed
+from fastdiff._checks import is_int, is_number
 from fastdiff.caching.forecast import AXES, FORECASTS, Forecaster
 from fastdiff.caching.hooks import CallHooks, installed_cache
 from fastdiff.caching.pipeline import install_rows_hook
@@ -197,9 +198,9 @@ def _policy(
 ) -> dict:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+    if not is_int(interval) or interval < 1:
         raise ValueError(f"interval must be an int >= 1, got {interval!r}")
-    if not isinstance(branch, int) or isinstance(branch, bool) or branch < 0:
+    if not is_int(branch) or branch < 0:
         raise ValueError(f"branch must be an int >= 0 (0 = shallowest), got {branch!r}")
     if mode == "schedule":
         if refresh is None:
@@ -210,11 +211,9 @@ def _policy(
         raise ValueError(f"refresh= is only used with mode='schedule', got mode={mode!r}")
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 0):
         raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
-    if max_skip is not None and (not isinstance(max_skip, int) or isinstance(max_skip, bool) or max_skip < 1):
+    if max_skip is not None and not (is_int(max_skip) and max_skip >= 1):
         raise ValueError(f"max_skip must be None or an int >= 1, got {max_skip!r}")
-    if gate_step is not None and (
-        not isinstance(gate_step, int) or isinstance(gate_step, bool) or gate_step < 0
-    ):
+    if gate_step is not None and (not is_int(gate_step) or gate_step < 0):
         raise ValueError(f"gate_step must be None or an int >= 0 (run-relative step), got {gate_step!r}")
     if not isinstance(gate_uncond, bool) or (gate_uncond and gate_step is None):
         raise ValueError(f"gate_uncond must be a bool and needs gate_step, got {gate_uncond!r}")
@@ -222,11 +221,7 @@ def _policy(
         raise ValueError(f"forecast must be one of {', '.join(map(repr, FORECASTS))}, got {forecast!r}")
     if forecast_axis not in AXES:
         raise ValueError(f"forecast_axis must be one of {', '.join(map(repr, AXES))}, got {forecast_axis!r}")
-    if not (
-        isinstance(forecast_strength, (int, float))
-        and not isinstance(forecast_strength, bool)
-        and 0 < forecast_strength <= 1
-    ):
+    if not (is_number(forecast_strength) and 0 < forecast_strength <= 1):
         raise ValueError(f"forecast_strength must be a number in (0, 1], got {forecast_strength!r}")
     return dict(
         mode=mode,

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdiff._checks import is_int
+
 
 @dataclass(frozen=True)
 class StepProfile:
@@ -135,7 +137,7 @@ def gap_costs(profile: StepProfile, num_steps: int) -> np.ndarray:
 
 
 def _check_int(name: str, v, lo: int) -> None:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+    if not is_int(v, numpy=True) or v < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
 
 
@@ -212,7 +214,7 @@ def explicit_refresh(steps: Sequence[int], num_steps: int | None) -> set[int]:
     """Validate a user-given list of run-relative refresh steps."""
     out = set()
     for s in steps:
-        if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
+        if not is_int(s, numpy=True) or s < 0:
             raise ValueError(f"refresh steps must be non-negative ints, got {s!r} in {list(steps)!r}")
         out.add(int(s))
     if num_steps is not None and out and max(out) >= num_steps:

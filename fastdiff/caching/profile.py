@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fastdiff import installed
+from fastdiff._checks import is_int
 from fastdiff.caching.policy import StepProfile
 
 
@@ -34,7 +35,7 @@ def _outputs(pipe, prompts, steps: int, seed: int, call_kwargs: dict, output_typ
 def _check_run(num_inference_steps, prompts) -> int:
     """The measurement runs' step count, after checking it and the prompts."""
     n = num_inference_steps
-    if not isinstance(n, int) or isinstance(n, bool) or n < 3:
+    if not is_int(n) or n < 3:
         raise ValueError(f"num_inference_steps must be an int >= 3, got {n!r}")
     if not prompts:
         raise ValueError("measuring a step profile needs at least one prompt")

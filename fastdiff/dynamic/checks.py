@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fastdiff._checks import is_int
 from fastdiff.dynamic.adapters import Reschedulable
 
 __all__ = [
@@ -18,20 +19,8 @@ __all__ = [
     "check_generator",
     "check_positive_int",
     "check_stop_after",
-    "is_int",
-    "is_number",
     "steps_per_row",
 ]
-
-
-def is_int(value) -> bool:
-    """An int; not a bool, although Python counts ``True`` as an int."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value) -> bool:
-    """An int or a float; not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_positive_int(name: str, value, upper: int | None = None, multiple: int = 1) -> None:

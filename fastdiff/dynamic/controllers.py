@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 
-from fastdiff.dynamic.checks import check_positive_int, is_number
+from fastdiff._checks import is_number
+from fastdiff.dynamic.checks import check_positive_int
 from fastdiff.dynamic.protocols import Controller, Decision
 
 __all__ = ["Controller", "EarlyStop", "FastForward"]

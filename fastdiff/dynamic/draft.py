@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastdiff.dynamic.checks import is_int, is_number
+from fastdiff._checks import is_int, is_number
 from fastdiff.dynamic.loop import resume, sample
 from fastdiff.dynamic.records import SampleResult
 

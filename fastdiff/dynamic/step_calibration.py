@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from fastdiff.dynamic.checks import is_number
+from fastdiff._checks import is_number
 
 __all__ = ["steps_needed", "spearman", "fit_bins", "NOT_REACHED"]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from fastdiff._checks import is_number
+
 from .quantization import DEFAULT_EXCLUDE
 from .runtime_common import check_choice, check_count, check_threads
 from .runtime_ov import BIAS_CORRECTIONS, BLOB_CACHE_MODES, OVERFLOW_FIXES, STATISTICS_BATCH
@@ -66,9 +68,7 @@ class QuantConfig:
     attention: str = "auto"
 
     def __post_init__(self):
-        if isinstance(self.calibration_memory_gb, bool) or not (
-            isinstance(self.calibration_memory_gb, (int, float)) and self.calibration_memory_gb > 0
-        ):
+        if not (is_number(self.calibration_memory_gb) and self.calibration_memory_gb > 0):
             raise ValueError(
                 f"QuantConfig.calibration_memory_gb must be a positive number, got {self.calibration_memory_gb!r}"
             )
@@ -95,7 +95,7 @@ class GateConfig:
     def __post_init__(self):
         for name in ("min_snr_db", "min_cosine"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v):
+            if v is not None and (not is_number(v) or v != v):
                 raise TypeError(f"GateConfig.{name} must be a number or None (criterion off), got {v!r}")
         if not isinstance(self.force, bool):
             raise TypeError(f"GateConfig.force must be True or False, got {self.force!r}")

@@ -7,6 +7,8 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 import torch
 
+from fastdiff._checks import is_int
+
 
 def check_choice(name: str, value, valid: Collection) -> None:
     """``value`` must be one of ``valid``: else a ValueError naming the argument, the choices and the value."""
@@ -16,7 +18,7 @@ def check_choice(name: str, value, valid: Collection) -> None:
 
 def check_count(name: str, value, meaning: str) -> None:
     """``value`` must be None or an int >= 1 (not a bool); ``meaning`` says what it counts and what None means."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and not (is_int(value) and value >= 1):
         raise ValueError(f"{name} must be a positive int {meaning}, got {value!r}")
 
 

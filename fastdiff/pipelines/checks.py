@@ -14,8 +14,9 @@ import math
 
 import torch
 
+from fastdiff._checks import is_int, is_number
 from fastdiff.dynamic.adapters import step_parameters
-from fastdiff.dynamic.checks import check_generator, check_positive_int, is_int, is_number
+from fastdiff.dynamic.checks import check_generator, check_positive_int
 
 __all__ = [
     "MAX_STEPS",

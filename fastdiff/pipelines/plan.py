@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fastdiff._checks import is_int, is_number
 from fastdiff.dynamic.auto_steps import AutoSteps
-from fastdiff.dynamic.checks import is_int, is_number
 from fastdiff.dynamic.controllers import EarlyStop
 from fastdiff.dynamic.draft import refine_steps
 from fastdiff.dynamic.presets import resolve_steps

@@ -31,6 +31,7 @@ import math
 import torch
 from diffusers.configuration_utils import FrozenDict
 
+from fastdiff._checks import is_int
 from fastdiff.dynamic.adapters import predicted_x0, vp_of_ve
 
 from .core import check_final_step
@@ -91,7 +92,7 @@ class AdaptiveScheduler(FullPrecisionState):
         if self.max_growth <= 1:
             raise ValueError(f"AdaptiveScheduler max_growth must be > 1, got {max_growth!r}")
         check_final_step(final_step)
-        if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 2:
+        if not is_int(max_steps) or max_steps < 2:
             raise ValueError(f"AdaptiveScheduler max_steps must be an int >= 2, got {max_steps!r}")
         keys = inherited_config(like)
         self.prediction_type = keys.get("prediction_type", "epsilon")

@@ -22,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from fastdiff._checks import is_int
+
 from .gmm import rms_errors
 from .schedules import build_schedule
 
@@ -127,7 +129,7 @@ def fit_schedule(
 
     from .scheduler import make_scheduler
 
-    if isinstance(nfe, bool) or not isinstance(nfe, int) or nfe < 2:
+    if not is_int(nfe) or nfe < 2:
         raise ValueError(f"nfe must be an int >= 2 (the end points are fixed), got {nfe!r}")
     if "schedule" in options:
         raise ValueError("fit_schedule sets `schedule` itself; do not pass it")

@@ -48,6 +48,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from fastdiff._checks import is_int
+
 from .noise_schedule import NoiseSchedule
 
 SPACINGS = ("leading", "trailing", "linspace", "uniform")
@@ -128,7 +130,7 @@ def is_timestep_list(values) -> bool:
         return not values.is_floating_point()
     if isinstance(values, np.ndarray):
         return np.issubdtype(values.dtype, np.integer)
-    return all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
+    return all(is_int(v, numpy=True) for v in values)
 
 
 def build_schedule(
@@ -153,7 +155,7 @@ def build_schedule(
     T = noise.num_train_timesteps
     if isinstance(schedule, str):
         n = num_inference_steps
-        if n is None or isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        if not is_int(n, numpy=True):
             raise ValueError(f"num_inference_steps must be an int for schedule {schedule!r}, got {n!r}")
         if n < 1 or n > T:
             raise ValueError(f"num_inference_steps must be in [1, {T}] (num_train_timesteps), got {n}")

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastdiff._checks import is_int, is_number
 from fastdiff.sweep.prompts import Prompt, SpecError, _err, prompts_of
 
 METRICS = ("psnr", "ssim", "attributes", "nfe", "unet_s", "wall_s", "peak_mem")
@@ -265,7 +266,7 @@ def _check_step_cache(options: dict, key: str) -> None:
 
 
 def _check_guidance(g, key: str) -> None:
-    if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or g < 0:
+    if not is_number(g) or g != g or g < 0:
         raise _err(key, g, "expected a finite number >= 0 (<= 1 disables classifier-free guidance)")
 
 
@@ -327,13 +328,9 @@ def parse_spec(spec: dict | str | os.PathLike) -> Spec:
     configs = _configs(data)
     prompts = prompts_of(data)
     seeds = data.get("seeds", [0])
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
+    if is_int(seeds):
         seeds = [seeds]
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
+    if not isinstance(seeds, list) or not seeds or not all(is_int(s) for s in seeds):
         raise _err("seeds", seeds, "expected a non-empty list of integers")
     if len(set(seeds)) != len(seeds):
         raise _err("seeds", seeds, "seeds must be distinct")
@@ -362,10 +359,10 @@ def parse_spec(spec: dict | str | os.PathLike) -> Spec:
     _check_guidance(guidance, "guidance")
     for k in ("height", "width"):
         v = data.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 8 or v % 8):
+        if v is not None and (not is_int(v) or v < 8 or v % 8):
             raise _err(k, v, "expected a multiple of 8, >= 8 (or leave it out for the model's default)")
     batch_size = data.get("batch_size", 8)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise _err("batch_size", batch_size, "expected an int >= 1")
     save_arrays = data.get("save_arrays", "reference")
     if save_arrays not in SAVE_ARRAYS:
@@ -382,7 +379,7 @@ def parse_spec(spec: dict | str | os.PathLike) -> Spec:
     if not isinstance(data.get("embedding_cache", True), bool):
         raise _err("embedding_cache", data["embedding_cache"], "expected true or false")
     warmup = data.get("warmup", 1 if any(m in TIMING_METRICS for m in metrics) else 0)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    if not is_int(warmup) or warmup < 0:
         raise _err(
             "warmup", warmup, "expected an int >= 0 (untimed calls of each configuration's first batch)"
         )
