@@ -65,6 +65,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
         "7fe613a",
         "lazy top level replacing eager imports (#10)",
     ),
+    "fastdiff/_checks.py": (
+        "fastdiff/ top level",
+        True,
+        "9386395",
+        "one int/number rule for every package's argument checks (#10)",
+    ),
     "fastdiff/installed.py": (
         "fastdiff/ top level",
         True,
@@ -143,6 +149,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
     ),
     "fastdiff/engines/runtime_ov.py": ("OpenVINO backend", False, "768da46", "OpenVINO backend (#14)"),
     "fastdiff/engines/openvino_build.py": ("OpenVINO backend", False, "1615d4e", "OpenVINO build (#14)"),
+    "fastdiff/engines/nncf_rows.py": (
+        "OpenVINO backend",
+        False,
+        "847ffbb",
+        "NNCF statistics one guidance row at a time (#14)",
+    ),
     "fastdiff/engines/ov_sensitivity.py": (
         "OpenVINO backend",
         False,
