@@ -39,7 +39,15 @@ ISLANDS = {
     "group norm": ("GroupNormalization", "MVN"),
     "attention core": ("ScaledDotProductAttention", "Softmax"),
     "matmul (linear layers)": ("MatMul",),
-    "elementwise (adds, activations, concat)": ("Add", "Multiply", "Swish", "Gelu", "Divide", "Subtract", "Concat"),
+    "elementwise (adds, activations, concat)": (
+        "Add",
+        "Multiply",
+        "Swish",
+        "Gelu",
+        "Divide",
+        "Subtract",
+        "Concat",
+    ),
     "elementwise + matmul": ("Add", "Multiply", "Swish", "Gelu", "Divide", "Subtract", "Concat", "MatMul"),
     "convolution": ("Convolution",),
 }
@@ -98,7 +106,9 @@ def main(argv=None):
     ir = work / "fp32.xml"
     if not ir.is_file():
         with torch.no_grad():
-            model = ov.convert_model(FlatUNet(unet, sig).eval(), example_input=tuple(held[0][n] for n in names))
+            model = ov.convert_model(
+                FlatUNet(unet, sig).eval(), example_input=tuple(held[0][n] for n in names)
+            )
         ov.save_model(model, ir, compress_to_fp16=False)
         del model
     xml = ir.read_text()
