@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from fastdiff._checks import is_number
+from fastdiff._checks import check_choice, check_count, is_number
 
 from .quantization import DEFAULT_EXCLUDE
-from .runtime_common import check_choice, check_count, check_threads
+from .runtime_common import check_threads
 from .runtime_ov import BIAS_CORRECTIONS, BLOB_CACHE_MODES, OVERFLOW_FIXES, STATISTICS_BATCH
 
 STATISTICS_HINTS = ("engine", "f32", "bf16")  # QuantConfig.statistics_hint

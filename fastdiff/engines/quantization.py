@@ -44,11 +44,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fastdiff._checks import check_choice
+
 from .calibration import CalibrationData
 from .export import data_file, remove_model
 from .ort_calibration import HISTOGRAM_METHODS, histogram_ranges, record_feed
 from .records import record_bar
-from .runtime_common import check_choice
 
 LEVELS: dict[str, frozenset[str]] = {
     "conv": frozenset({"conv"}),

@@ -1,25 +1,13 @@
-"""What every CPU runner shares: the argument checks (the configs use them too) and the flat-record → numpy feed."""
+"""What every CPU runner shares: the thread-count check and the flat-record → numpy feed."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from fastdiff._checks import is_int
-
-
-def check_choice(name: str, value, valid: Collection) -> None:
-    """``value`` must be one of ``valid``: else a ValueError naming the argument, the choices and the value."""
-    if value not in valid:
-        raise ValueError(f"{name} must be one of {list(valid)}, got {value!r}")
-
-
-def check_count(name: str, value, meaning: str) -> None:
-    """``value`` must be None or an int >= 1 (not a bool); ``meaning`` says what it counts and what None means."""
-    if value is not None and not (is_int(value) and value >= 1):
-        raise ValueError(f"{name} must be a positive int {meaning}, got {value!r}")
+from fastdiff._checks import check_count
 
 
 def check_threads(threads) -> int | None:

@@ -35,11 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._checks import check_choice, check_count
 from .._compat import MissingDependencyError, is_available
 from .nncf_folding import statistics_models
 from .quantization import name_filter
 from .records import record_bar
-from .runtime_common import check_choice, check_count, check_threads, numpy_feed
+from .runtime_common import check_threads, numpy_feed
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None, "mixed": None}  # None: bf16 where native (hint_for)
 BIAS_CORRECTIONS = ("fast", "full", "none")  # NNCF's bias correction after min-max (quantize's option)
