@@ -23,7 +23,6 @@ import argparse
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -74,7 +73,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import openvino as ov
-    from engines import make_pipeline
+    from engines import _prompts, make_pipeline, round_robin
     from engines_cpu import _records, unet_kwargs
 
     from fastdiff.engines.export import FlatUNet
@@ -84,8 +83,6 @@ def main(argv=None):
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     pipe, side = make_pipeline("sd15-full", args.side)
-    from engines import _prompts
-
     calib = _records(
         pipe,
         argparse.Namespace(steps=8, guidance=7.5, side=side),
@@ -126,14 +123,8 @@ def main(argv=None):
         cfg = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": perf}
         return core.compile_model(model, "CPU", cfg).create_infer_request(), marked
 
-    def step_seconds(fn):
-        fn()
-        times = []
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+    def step_seconds(fn):  # median of --reps calls after one warm-up
+        return round_robin({"fn": fn}, args.reps)["fn"]
 
     eager_s = step_seconds(lambda: eager(held[0]))
     rows = []
