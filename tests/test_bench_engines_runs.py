@@ -42,3 +42,32 @@ def test_one_run_is_judged_on_the_runs_that_hold_every_row():
     have = engines_goals.rows_present({256: split + untimed + _rows(4, ["eager", *every])})[256]
     assert have["complete_runs"] == [4]
     assert engines_goals._one_run(have) == "every row in run 4"
+
+
+def test_speed_is_judged_on_the_median_run_of_the_newest_engine():
+    def row(run, variant, ratio, snr, worst=28.0):
+        return {
+            "run": run,
+            "variant": variant,
+            "side": 256,
+            "vs_eager": ratio,
+            "snr_db": snr,
+            "snr_db_min": worst,
+        }
+
+    timed = [
+        row(1, "ov-bf16", 4.6, 30.2),
+        row(3, "ov-bf16", 5.2, 30.2),
+        row(4, "ov-bf16", 4.9, 30.2),
+        row(5, "ov-bf16", 5.6, 30.2),
+        # int8: run 1 is another build (other SNR), so only runs 2 and 6 are this engine's
+        row(1, "ov-int8", 9.0, 25.0),
+        row(2, "ov-int8", 5.8, 26.0),
+        row(6, "ov-int8", 5.5, 26.0),
+    ]
+    best, fastest = engines_goals._best_and_fastest(timed)
+    # four runs: the lower middle one, not the best (5.6) and not the newest (5.6)
+    assert (best["variant"], best["vs_eager"], best["run"], best["judged_runs"]) == ("ov-bf16", 4.9, 4, 4)
+    assert best["runs_listed"] == "4.6x in run 1, 5.2x in run 3, 4.9x in run 4, 5.6x in run 5"
+    assert (fastest["variant"], fastest["vs_eager"], fastest["judged_runs"]) == ("ov-int8", 5.5, 2)
+    assert "median of this engine's 4 runs" in engines_goals._fmt(dict(best, build_s=1.0))
