@@ -14,6 +14,7 @@ is measured over several invocations; calibration records are recorded once into
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -37,8 +38,11 @@ ROWS = (
     "ov-int8",
     "ov-mixed",
 )
-# Not one of the rows (so not required in "every row in one run"): what precision="auto" installs.
-EXTRA_ROWS = ("ov-auto",)
+# Not one of the rows (so not required in "every row in one run"): what precision="auto" installs,
+# and PyTorch's own bf16 (the U-Net cast to bfloat16: what a PyTorch user on a CPU with native bf16 does).
+EXTRA_ROWS = ("ov-auto", "eager-bf16")
+# The peers fastdiff's engines are compared with; not fastdiff engines, so never "fastdiff's best".
+BASELINE_ROWS = ("eager", "eager-bf16", "compile", "ov-plain-fp32", "ov-plain-default")
 
 
 class PeakRSS:
@@ -179,6 +183,18 @@ def _build(name, pipe, unet, fit, held, record, work: Path, args):
     )
     quant = QuantConfig(max_calibration_records=args.records, **level, **mixed)
     common = dict(cache_dir=work / "cache", install=False, gate=GateConfig(min_snr_db=None), quant=quant)
+    if name == "eager-bf16":
+        half = copy.deepcopy(unet).to(torch.bfloat16)
+
+        def run(r):  # the timestep stays as given: diffusers embeds it in fp32, then casts
+            kwargs = {
+                k: v.to(torch.bfloat16) if torch.is_tensor(v) and k != "timestep" else v
+                for k, v in unet_kwargs(unet, r).items()
+            }
+            with torch.no_grad():
+                return half(**kwargs, return_dict=False)[0].float()
+
+        return run, {}
     if name == "compile":
         compiled = torch.compile(unet)
 

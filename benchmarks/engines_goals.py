@@ -113,7 +113,7 @@ def _fresh_builds(rows: list[dict]) -> tuple[list[dict], dict[str, dict]]:
 
 
 def _best_and_fastest(timed: list[dict]) -> tuple[dict | None, dict | None]:
-    """The fastest row at >= 30 dB and the fastest of any SNR. A variant timed in several runs is judged
+    """fastdiff's fastest engine at >= 30 dB and its fastest of any SNR. A variant timed in several runs is judged
     by the median ratio (the lower middle one of an even count) over the runs of its newest engine: the
     runs whose SNR on the held-back records (mean and worst) equals the newest run's, i.e. the same build
     judged on the same records; a rebuild with other defaults starts a new group. One engine's ratio moves
@@ -122,8 +122,14 @@ def _best_and_fastest(timed: list[dict]) -> tuple[dict | None, dict | None]:
     neither the best nor the newest run alone says what a user gets. The rule was fixed on 2026-12-08
     before engines-cpu-sd15-256-amx runs 5-7 (benchmarks README). Every run's ratio is listed with it
     (a file's runs may come from several machines: its notes say which)."""
+    from engines_cpu import (
+        BASELINE_ROWS,
+    )  # the peers (eager, torch.compile, plain OpenVINO) are not fastdiff's
+
     runs: dict[tuple, list[dict]] = {}
     for r in sorted(timed, key=lambda r: r.get("run", 0)):
+        if r["variant"] in BASELINE_ROWS:
+            continue
         runs.setdefault((r["variant"], r["side"]), []).append(r)
     rows = []
     for rs in runs.values():

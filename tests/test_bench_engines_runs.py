@@ -44,7 +44,7 @@ def test_one_run_is_judged_on_the_runs_that_hold_every_row():
     assert engines_goals._one_run(have) == "every row in run 4"
 
 
-def test_speed_is_judged_on_the_median_run_of_the_newest_engine():
+def test_speed_is_judged_on_the_median_run_of_the_newest_fastdiff_engine():
     def row(run, variant, ratio, snr, worst=28.0):
         return {
             "run": run,
@@ -64,6 +64,9 @@ def test_speed_is_judged_on_the_median_run_of_the_newest_engine():
         row(1, "ov-int8", 9.0, 25.0),
         row(2, "ov-int8", 5.8, 26.0),
         row(6, "ov-int8", 5.5, 26.0),
+        # peers, not fastdiff engines: never "fastdiff's best", however fast
+        row(5, "ov-plain-default", 7.0, 30.2),
+        row(5, "eager-bf16", 8.0, 40.0),
     ]
     best, fastest = engines_goals._best_and_fastest(timed)
     # four runs: the lower middle one, not the best (5.6) and not the newest (5.6)
