@@ -177,6 +177,8 @@ def compile_engine(
     }
     if backend == "openvino":
         parts["openvino_source"] = openvino_build.openvino_source(export)  # graph details differ by route
+        # the PyTorch route's graph starts at the timestep's float32 features (time_features.py)
+        parts["time_features"] = parts["openvino_source"] == "pytorch"
     if precision in QUANTISED:  # int8 everywhere, mixed on OpenVINO
         parts["quant"] = {
             "exclude": list(quant.exclude),

@@ -17,6 +17,7 @@ spatial axis stays dynamic (:func:`fastdiff.engines.export.trace_shape`).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -33,6 +34,7 @@ from .config import QuantConfig
 from .export import OUTPUT_NAME, FlatUNet, _dynamic_axes, trace_shape, tracing
 from .mapped import weight_files
 from .quality import QualityGateError
+from .time_features import TimeFeatures
 
 
 def openvino_source(export) -> str:
@@ -46,7 +48,8 @@ def convert_pytorch(unet: torch.nn.Module, signature, export):
     The axes in ``export.dynamic`` stay dynamic (the others take :func:`trace_shape`'s sizes). A
     float32 CPU U-Net's weights are shared, not copied: the model is valid while ``unet`` lives (the
     build writes it to disk before returning); another device or dtype is converted from a float32
-    CPU copy whose weights the model owns.
+    CPU copy whose weights the model owns. Where the U-Net's time projection is diffusers'
+    ``Timesteps``, the ``timestep`` input takes its float32 features instead (:mod:`.time_features`).
     """
     ov = runtime_ov.require_openvino()
     batch, _, height, width = trace_shape(signature, export)
@@ -56,16 +59,23 @@ def convert_pytorch(unet: torch.nn.Module, signature, export):
     example = signature.example_inputs(
         batch, height, width, export.sequence_length or 77, generator=torch.Generator().manual_seed(0)
     )
+    features = TimeFeatures.of(unet)
+    if features is not None:  # the graph starts at the timestep's fp32 features (time_features.py)
+        example = features.feed(example)
     axes = _dynamic_axes(signature, export.dynamic)
     shapes = [
         ov.PartialShape([-1 if i in axes.get(n, {}) else d for i, d in enumerate(example[n].shape)])
         for n in names
     ]
     with tracing(unet) as (module, copied):
-        model = ov.convert_model(
-            _decoder(FlatUNet(module, signature), tuple(example[n] for n in names), shared=not copied),
-            input=shapes,
-        )
+        skip = features.traced_without(module) if features is not None else contextlib.nullcontext()
+        with skip:
+            model = ov.convert_model(
+                _decoder(FlatUNet(module, signature), tuple(example[n] for n in names), shared=not copied),
+                input=shapes,
+            )
+    if features is not None:
+        features.tag(model)
     for name, p in zip(names, model.get_parameters()):
         p.set_friendly_name(name)
         p.output(0).get_tensor().set_names({name})

@@ -41,6 +41,7 @@ from .nncf_folding import statistics_models
 from .quantization import name_filter
 from .records import record_bar
 from .runtime_common import check_threads, numpy_feed
+from .time_features import TimeFeatures
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None, "mixed": None}  # None: bf16 where native (hint_for)
 BIAS_CORRECTIONS = ("fast", "full", "none")  # NNCF's bias correction after min-max (quantize's option)
@@ -137,6 +138,12 @@ def record_shapes(records: Iterable[Mapping[str, torch.Tensor]], input_names: Se
     return shapes
 
 
+def engine_feed(inputs: Mapping[str, torch.Tensor], features: TimeFeatures | None, input_names) -> dict:
+    """Numpy inputs of an OpenVINO model from flat inputs: the timestep turned into its float32
+    features first where the model starts at them (``features``, :mod:`.time_features`)."""
+    return numpy_feed(inputs if features is None else features.feed(inputs), input_names)
+
+
 def static_for_calibration(model, shapes: Mapping[str, Sequence[int]]) -> dict:
     """Reshape ``model`` in place to the records' one shape; returns the partial shapes to restore.
 
@@ -220,14 +227,19 @@ def quantize(
 
     check_count("statistics_batch", statistics_batch, STATISTICS_BATCH)
     input_names = [p.get_friendly_name() for p in model.get_parameters()]
+    features = TimeFeatures.of_model(model)
     restore = None
     if static:
         shapes = record_shapes(calibration, input_names)
         if shapes is not None and set(shapes) == set(input_names):
+            if features is not None:  # the records hold timesteps, the model their features
+                shapes["timestep"] = (*shapes["timestep"][:1], features.num_channels)
             model = model.clone()  # the caller's model keeps its axes (constants are shared, not copied)
             restore = static_for_calibration(model, shapes)
     records = _Progress(calibration, int(num_records), "fastdiff NNCF statistics")
-    dataset = nncf.Dataset(records, functools.partial(numpy_feed, input_names=input_names))
+    dataset = nncf.Dataset(
+        records, functools.partial(engine_feed, features=features, input_names=input_names)
+    )
     # fastdiff's exclusions are re.search regexes; NNCF anchors its patterns (re.match), so resolve
     # them to exact node names here (matched in the ONNX module-path form too: see module_path_name).
     excluded = name_filter(exclude)
@@ -263,6 +275,8 @@ def quantize(
         )
     if restore is not None:
         quantised.reshape(restore)
+    if features is not None:  # the quantised model starts at the same features
+        features.tag(quantised)
     return quantised
 
 
@@ -336,6 +350,7 @@ class OvRunner:
             self.config["INFERENCE_NUM_THREADS"] = threads
         self.model = model_path if in_memory else self.core.read_model(str(self.path))
         self.input_names = tuple(p.get_friendly_name() for p in self.model.get_parameters())
+        self.features = TimeFeatures.of_model(self.model)  # None: the model takes the timestep itself
         self._compiled: dict[tuple, object] = {}
         self._largest: dict[tuple, int] = {}  # static runner: largest batch compiled per non-batch shape
 
@@ -367,7 +382,7 @@ class OvRunner:
         return req
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        feed = numpy_feed(inputs, self.input_names)
+        feed = engine_feed(inputs, self.features, self.input_names)
         req = self._request(feed)
         req.infer(feed)
         return torch.from_numpy(np.array(req.get_output_tensor(0).data, copy=True))
