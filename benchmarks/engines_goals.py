@@ -382,6 +382,8 @@ def _fmt(r):
 def _build_fmt(r):
     if r["variant"].startswith("ov-plain"):
         split = " (openvino.convert_model + compile, no quality check)"
+    elif r["variant"] in ("compile", "eager-bf16"):  # PyTorch peers: torch.compile's wrap, the bf16 cast
+        split = " (the peer's own setup, no compile_engine)"
     elif "build_without_quality_s" in r:
         split = f" = {r['build_without_quality_s']} s build + {r['quality_check_s']} s quality check"
     else:
@@ -775,33 +777,35 @@ def machine_goals(suffix: str, label: str) -> list[dict]:
                 "evidence": "; ".join(_build_fmt(r) for r in latest.values()),
             }
         )
-    # The judged tiny run: the rerun with the defaults now where there is one, else the first run.
-    tiny_name = next(
-        (n for n in (f"engines-tiny-e2e{suffix}-576-attention", f"engines-tiny-e2e{suffix}-576") if _load(n)),
-        None,
-    )
+    # The judged tiny run: the newest rerun with the defaults now; an older file's variants that no
+    # rerun repeated (e.g. ONNX Runtime int8) keep their figures.
+    reruns = {
+        "": "attention's Q and K int8 at the bf16 hint",
+        "-attention": "QuantConfig(attention='auto'), the timestep still in the OpenVINO graph (before 71be135)",
+        "-features": "the OpenVINO graph from the timestep's float32 features (71be135)",
+    }
+    chain = [f"engines-tiny-e2e{suffix}-576{v}" for v in reruns if _load(f"engines-tiny-e2e{suffix}-576{v}")]
+    tiny_name = chain[-1] if chain else None
     tiny = _load(tiny_name) if tiny_name else None
-    earlier = (
-        _load(f"engines-tiny-e2e{suffix}-576") if tiny_name and tiny_name.endswith("-attention") else None
-    )
     if tiny:
         base = next(r for r in tiny["rows"] if r["variant"] == "eager")
         ci95 = {r["variant"]: f" [{r['ci95']}]" for r in tiny["rows"] if "ci95" in r}
+        merged: dict[str, float] = {}
+        for name in chain:
+            merged.update(_points(_load(name)))
+        before = "".join(
+            f"; before ({name}: {why}): "
+            + ", ".join(f"{v} {d:+.1f}" for v, d in _points(_load(name)).items())
+            for name, why in reversed([(n, reruns[n.split("-576", 1)[1]]) for n in chain[:-1]])
+        )
         out.append(
             {
                 "goal": f"fastdiff-tiny end to end within 2 points of fp32 attribute accuracy, on the {label}",
-                # the rerun's variants replace the first run's; the others keep the first run's figures
-                "status": f"{base['n']} images: {_within_two({**(_points(earlier) if earlier else {}), **_points(tiny)})}",
+                "status": f"{base['n']} images: {_within_two(merged)}",
                 "evidence": f"({tiny_name}; the paired 95 % interval in brackets) eager fp32 'all' "
                 f"{base['all']:.3f}; points vs eager: "
                 + ", ".join(f"{v} {d:+.1f}{ci95.get(v, '')}" for v, d in _points(tiny).items())
-                + (
-                    f"; before QuantConfig(attention='auto') (engines-tiny-e2e{suffix}-576, attention's Q and K "
-                    "int8 at the bf16 hint): "
-                    + ", ".join(f"{v} {d:+.1f}" for v, d in _points(earlier).items())
-                    if earlier
-                    else ""
-                ),
+                + before,
             }
         )
     profile = (_load(f"engines-cpu-build-profile-ov-int8-512-32{suffix}") or {}).get("meta")
@@ -925,12 +929,13 @@ def main():
                 *(
                     f"engines-tiny-e2e{suffix}-576{v}"
                     for suffix in OTHER_MACHINES
-                    for v in ("", "-attention")
+                    for v in ("", "-attention", "-features")
                 ),
                 "engines-cpu-memory",
                 _current("engines-tiny-e2e"),
                 *(_current("engines-tiny-e2e") + suffix for suffix in TINY_RERUNS),
                 "engines-cpu-int8-hint-sd15-full-256",
+                "engines-time-features",
                 "engines-cpu-int8-hint-sd15-full-512",
             )
             if _load(n)
