@@ -1147,3 +1147,19 @@ def test_time_features_refuse_features_and_skip_other_projections():
         features.feed({"timestep": torch.zeros(2, 8)})
     assert features.feed({"timestep": torch.tensor([1.0, 2.0]), "sample": 1})["timestep"].shape == (2, 8)
     assert TimeFeatures.of(torch.nn.Linear(1, 1)) is None  # no diffusers Timesteps: the timestep stays
+
+
+def test_sdxl_openvino_engine_starts_at_the_features_and_equals_the_u_net(tmp_path):
+    """SDXL's added conditioning passes through unchanged; its timestep becomes the float32 features."""
+    from fastdiff.testing import tiny_pipeline
+
+    unet = tiny_pipeline("sdxl", size="tiny", seed=0).unet
+    engine = compile_engine(unet, backend="openvino", precision="fp32", cache_dir=tmp_path, install=False)
+    assert engine.runner.features == TimeFeatures.of(unet) is not None
+    x = unet_signature(unet).example_inputs(2, 8, 8, 77, generator=torch.Generator().manual_seed(5))
+    x["timestep"], x["time_ids"] = (
+        torch.tensor([999.0, 3.5]),
+        torch.tensor([[768.0, 1344.0, 37.0, 0.0, 768.0, 1344.0]] * 2),
+    )
+    ref = _eager(unet, x)
+    assert torch.linalg.norm(engine.runner(x) - ref) / torch.linalg.norm(ref) < 1e-4
