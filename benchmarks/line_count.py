@@ -167,6 +167,12 @@ ADDED_SINCE: dict[str, tuple[str, bool, str, str]] = {
         "e7e8b5d",
         "NNCF statistics folding, out of runtime_ov (#14)",
     ),
+    "fastdiff/engines/time_features.py": (
+        "OpenVINO backend",
+        False,
+        "71be135",
+        "OpenVINO graphs from the timestep's float32 features (#14)",
+    ),
     "fastdiff/engines/cpu.py": (
         "CPU int8 without VNNI",
         False,
