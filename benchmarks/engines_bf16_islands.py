@@ -73,23 +73,14 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import openvino as ov
-    from engines import _prompts, make_pipeline, round_robin
-    from engines_cpu import _records, unet_kwargs
+    from engines import round_robin
+    from engines_cpu import held_back_setup, unet_kwargs
 
     from fastdiff.engines.export import FlatUNet
     from fastdiff.engines.quality import snr_db
     from fastdiff.unet_inputs import unet_signature
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    pipe, side = make_pipeline("sd15-full", args.side)
-    calib = _records(
-        pipe,
-        argparse.Namespace(steps=8, guidance=7.5, side=side),
-        work,
-        _prompts(args.calib_prompts),
-    )
-    held = calib.split(4)[1].subset(args.held).records
+    pipe, side, work, calib, held = held_back_setup(args.side, args.workdir, args.calib_prompts, args.held)
     unet = pipe.unet
     sig = unet_signature(unet)
     names = sig.input_names

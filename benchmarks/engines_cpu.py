@@ -14,6 +14,7 @@ is measured over several invocations; calibration records are recorded once into
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import threading
@@ -164,6 +165,21 @@ def run_rows(pipe, args, work: Path, prompts, round_robin) -> dict:
         rows[name]["step_s"] = round(sec, 3)
         rows[name]["vs_eager"] = round(times["eager"] / sec, 2)
     return rows
+
+
+def held_back_setup(side: int, workdir, calib_prompts: int = 4, held: int = 8):
+    """(pipe, side, work, calib, held records): the full SD1.5 U-Net at ``side`` px, its calibration records
+    (``calib_prompts`` prompts x 8 steps, recorded once into ``workdir``) and ``held`` of the held-back ones
+    (every 4th): what the single-question bf16 scripts judge on."""
+    from engines import _prompts, make_pipeline
+
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    pipe, side = make_pipeline("sd15-full", side)
+    calib = _records(
+        pipe, argparse.Namespace(steps=8, guidance=7.5, side=side), work, _prompts(calib_prompts)
+    )
+    return pipe, side, work, calib, calib.split(4)[1].subset(held).records
 
 
 def unet_kwargs(unet, record):
