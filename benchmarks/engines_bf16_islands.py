@@ -74,9 +74,8 @@ def main(argv=None):
 
     import openvino as ov
     from engines import round_robin
-    from engines_cpu import held_back_setup, unet_kwargs
+    from engines_cpu import held_back_setup, plain_ir, unet_kwargs
 
-    from fastdiff.engines.export import FlatUNet
     from fastdiff.engines.quality import snr_db
     from fastdiff.unet_inputs import unet_signature
 
@@ -91,14 +90,7 @@ def main(argv=None):
             return unet(**unet_kwargs(unet, r), return_dict=False)[0]
 
     refs = [eager(r) for r in held]
-    ir = work / "fp32.xml"
-    if not ir.is_file():
-        with torch.no_grad():
-            model = ov.convert_model(
-                FlatUNet(unet, sig).eval(), example_input=tuple(held[0][n] for n in names)
-            )
-        ov.save_model(model, ir, compress_to_fp16=False)
-        del model
+    ir = plain_ir(unet, held[0], work)
     xml = ir.read_text()
     core = ov.Core()
 

@@ -182,6 +182,26 @@ def held_back_setup(side: int, workdir, calib_prompts: int = 4, held: int = 8):
     return pipe, side, work, calib, calib.split(4)[1].subset(held).records
 
 
+def plain_ir(unet, record, work: Path) -> Path:
+    """``work/fp32.xml``: the plain OpenVINO conversion of the flat U-Net (the timestep in the graph, weights
+    kept f32), converted from ``record``'s shapes once and reused."""
+    import openvino as ov
+
+    from fastdiff.engines.export import FlatUNet
+    from fastdiff.unet_inputs import unet_signature
+
+    ir = work / "fp32.xml"
+    if not ir.is_file():
+        sig = unet_signature(unet)
+        with torch.no_grad():
+            model = ov.convert_model(
+                FlatUNet(unet, sig).eval(), example_input=tuple(record[n] for n in sig.input_names)
+            )
+        ov.save_model(model, ir, compress_to_fp16=False)
+        del model
+    return ir
+
+
 def unet_kwargs(unet, record):
     from fastdiff.unet_inputs import unet_signature
 

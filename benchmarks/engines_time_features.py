@@ -47,10 +47,9 @@ def main(argv=None):
 
     import openvino as ov
     from engines import round_robin
-    from engines_cpu import held_back_setup, unet_kwargs
+    from engines_cpu import held_back_setup, plain_ir, unet_kwargs
 
     from fastdiff.engines import GateConfig, compile_engine
-    from fastdiff.engines.export import FlatUNet
     from fastdiff.engines.quality import snr_db
     from fastdiff.unet_inputs import unet_signature
 
@@ -70,14 +69,7 @@ def main(argv=None):
         with torch.no_grad():
             return module(**kwargs, return_dict=False)[0].float()
 
-    ir = work / "fp32.xml"  # the plain conversion, timestep in the graph
-    if not ir.is_file():
-        with torch.no_grad():
-            model = ov.convert_model(
-                FlatUNet(unet, sig).eval(), example_input=tuple(held[0][n] for n in names)
-            )
-        ov.save_model(model, ir, compress_to_fp16=False)
-        del model
+    ir = plain_ir(unet, held[0], work)  # the plain conversion, timestep in the graph
     plain = ov.Core().read_model(ir)
     plain.reshape({n: list(held[0][n].shape) for n in names})
     plain_req = (
