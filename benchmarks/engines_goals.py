@@ -117,8 +117,8 @@ def _best_and_fastest(timed: list[dict]) -> tuple[dict | None, dict | None]:
     by the median ratio (the lower middle one of an even count) over the runs of its newest engine: the
     runs whose SNR on the held-back records (mean and worst) equals the newest run's, i.e. the same build
     judged on the same records; a rebuild with other defaults starts a new group. One engine's ratio moves
-    by up to 13 % between runs on these shared machines, mostly because eager's step does (a probe of
-    2026-12-08: the bf16 engine's step 0.37-0.38 s in two processes, eager's 2.29 s and 1.96 s), so
+    by up to 13 % between runs on these shared machines, mostly because eager's step does
+    (engines-cpu-sd15-256-amx run 7: eager 2.05-2.77 s across its row processes), so
     neither the best nor the newest run alone says what a user gets. The rule was fixed on 2026-12-08
     before engines-cpu-sd15-256-amx runs 5-7 (benchmarks README). Every run's ratio is listed with it
     (a file's runs may come from several machines: its notes say which)."""

@@ -6,9 +6,9 @@ graph: t = 999 or 501 is not even representable (8 significant bits), and ``t * 
 of radians, so the embedding every ResNet block adds is wrong by whole periods. On the full SD1.5 U-Net
 (256^2, AMX Xeon, 2026-12-08) the bf16 engine's step came out at 24.3 dB against eager fp32 at t = 999
 and 28.1 dB at t = 501, but 37.9 dB at t = 1; PyTorch's own bf16 U-Net, which computes these features in
-fp32 and casts after, stays at 37.2-37.6 dB at every t. ``precise`` marks on the embedding's nodes
-did not change it. With the features computed here in float32 and the graph starting at them, the
-bf16 engine gives 37.3-38.0 dB at every timestep, at the same speed
+fp32 and casts after, stays at 37.1-37.6 dB at every t. ``precise`` marks on the embedding's nodes
+did not change it (a probe; no results file holds it). With the features computed here in float32 and the graph starting at them, the
+bf16 engine gives 37.4-38.0 dB at every timestep, at the same speed
 (``benchmarks/results/engines-time-features.md``).
 
 So an OpenVINO engine converted from PyTorch takes, in place of the timestep, a ``(batch, channels)``
