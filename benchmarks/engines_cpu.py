@@ -202,6 +202,22 @@ def plain_ir(unet, record, work: Path) -> Path:
     return ir
 
 
+def pytorch_bf16(unet):
+    """A step of ``unet`` cast to bfloat16 on a flat record, as a PyTorch user with native bf16 runs it: the
+    timestep as given (diffusers embeds it in fp32, then casts), every other input bf16; the output fp32."""
+    half = copy.deepcopy(unet).to(torch.bfloat16)
+
+    def run(r):
+        kwargs = {
+            k: v.to(torch.bfloat16) if torch.is_tensor(v) and k != "timestep" else v
+            for k, v in unet_kwargs(unet, r).items()
+        }
+        with torch.no_grad():
+            return half(**kwargs, return_dict=False)[0].float()
+
+    return run
+
+
 def unet_kwargs(unet, record):
     from fastdiff.unet_inputs import unet_signature
 
@@ -220,17 +236,7 @@ def _build(name, pipe, unet, fit, held, record, work: Path, args):
     quant = QuantConfig(max_calibration_records=args.records, **level, **mixed)
     common = dict(cache_dir=work / "cache", install=False, gate=GateConfig(min_snr_db=None), quant=quant)
     if name == "eager-bf16":
-        half = copy.deepcopy(unet).to(torch.bfloat16)
-
-        def run(r):  # the timestep stays as given: diffusers embeds it in fp32, then casts
-            kwargs = {
-                k: v.to(torch.bfloat16) if torch.is_tensor(v) and k != "timestep" else v
-                for k, v in unet_kwargs(unet, r).items()
-            }
-            with torch.no_grad():
-                return half(**kwargs, return_dict=False)[0].float()
-
-        return run, {}
+        return pytorch_bf16(unet), {}
     if name == "compile":
         compiled = torch.compile(unet)
 

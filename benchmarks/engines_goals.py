@@ -122,9 +122,8 @@ def _best_and_fastest(timed: list[dict]) -> tuple[dict | None, dict | None]:
     neither the best nor the newest run alone says what a user gets. The rule was fixed on 2026-12-08
     before engines-cpu-sd15-256-amx runs 5-7 (benchmarks README). Every run's ratio is listed with it
     (a file's runs may come from several machines: its notes say which)."""
-    from engines_cpu import (
-        BASELINE_ROWS,
-    )  # the peers (eager, torch.compile, plain OpenVINO) are not fastdiff's
+    # the peers (eager, eager-bf16, torch.compile, plain OpenVINO) are not fastdiff's engines
+    from engines_cpu import BASELINE_ROWS
 
     runs: dict[tuple, list[dict]] = {}
     for r in sorted(timed, key=lambda r: r.get("run", 0)):
@@ -784,19 +783,22 @@ def machine_goals(suffix: str, label: str) -> list[dict]:
         "-attention": "QuantConfig(attention='auto'), the timestep still in the OpenVINO graph (before 71be135)",
         "-features": "the OpenVINO graph from the timestep's float32 features (71be135)",
     }
-    chain = [f"engines-tiny-e2e{suffix}-576{v}" for v in reruns if _load(f"engines-tiny-e2e{suffix}-576{v}")]
-    tiny_name = chain[-1] if chain else None
-    tiny = _load(tiny_name) if tiny_name else None
+    # (name, why, data) of each file present, oldest first: each reads its file once
+    chain = []
+    for v, why in reruns.items():
+        name = f"engines-tiny-e2e{suffix}-576{v}"
+        if data := _load(name):
+            chain.append((name, why, data))
+    tiny_name, _, tiny = chain[-1] if chain else (None, None, None)
     if tiny:
         base = next(r for r in tiny["rows"] if r["variant"] == "eager")
         ci95 = {r["variant"]: f" [{r['ci95']}]" for r in tiny["rows"] if "ci95" in r}
         merged: dict[str, float] = {}
-        for name in chain:
-            merged.update(_points(_load(name)))
+        for _, _, data in chain:
+            merged.update(_points(data))
         before = "".join(
-            f"; before ({name}: {why}): "
-            + ", ".join(f"{v} {d:+.1f}" for v, d in _points(_load(name)).items())
-            for name, why in reversed([(n, reruns[n.split("-576", 1)[1]]) for n in chain[:-1]])
+            f"; before ({name}: {why}): " + ", ".join(f"{v} {d:+.1f}" for v, d in _points(data).items())
+            for name, why, data in reversed(chain[:-1])
         )
         out.append(
             {

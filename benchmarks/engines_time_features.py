@@ -21,7 +21,6 @@ Run:  flock /tmp/fastdiff-heavy.lock python benchmarks/engines_time_features.py 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 from pathlib import Path
@@ -47,7 +46,7 @@ def main(argv=None):
 
     import openvino as ov
     from engines import round_robin
-    from engines_cpu import held_back_setup, plain_ir, unet_kwargs
+    from engines_cpu import held_back_setup, plain_ir, pytorch_bf16, unet_kwargs
 
     from fastdiff.engines import GateConfig, compile_engine
     from fastdiff.engines.quality import snr_db
@@ -57,17 +56,11 @@ def main(argv=None):
     unet = pipe.unet
     sig = unet_signature(unet)
     names = sig.input_names
-    half = copy.deepcopy(unet).to(torch.bfloat16)
+    torch_bf16 = pytorch_bf16(unet)
 
-    def eager(r, module=unet):
-        kwargs = unet_kwargs(unet, r)
-        if module is half:  # as a PyTorch bf16 user: the timestep as given, everything else bf16
-            kwargs = {
-                k: v.to(torch.bfloat16) if torch.is_tensor(v) and k != "timestep" else v
-                for k, v in kwargs.items()
-            }
+    def eager(r):
         with torch.no_grad():
-            return module(**kwargs, return_dict=False)[0].float()
+            return unet(**unet_kwargs(unet, r), return_dict=False)[0]
 
     ir = plain_ir(unet, held[0], work)  # the plain conversion, timestep in the graph
     plain = ov.Core().read_model(ir)
@@ -91,7 +84,7 @@ def main(argv=None):
     variants = {
         "timestep in the graph (plain conversion, bf16 hint)": plain_run,
         "fastdiff (fp32 features, bf16 hint)": engine.runner,
-        "PyTorch bf16 (U-Net cast to bfloat16)": lambda r: eager(r, half),
+        "PyTorch bf16 (U-Net cast to bfloat16)": torch_bf16,
     }
     inputs = []
     for t in TIMESTEPS:
