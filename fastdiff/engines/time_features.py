@@ -16,9 +16,9 @@ float32 tensor of these features under the input name ``timestep``; the model ca
 :data:`RT_KEY` in its runtime info, and whoever feeds it (:class:`~fastdiff.engines.runtime_ov.OvRunner`,
 NNCF's calibration) calls :meth:`TimeFeatures.feed` on the flat inputs. Engines without the key (other
 backends, the ONNX route) take the timestep as before. SDXL's ``time_ids`` (image sizes such as 1024) are
-embedded the same way by ``add_time_proj`` and still are, in the graph: on a tiny random-weight SDXL U-Net
-the bf16 step loses about 3 dB at sizes 768/1344 against sizes of 1 (35.4 against 38.3 dB), a smaller
-effect that was left as it is.
+embedded the same way by ``add_time_proj`` and still are, in the graph: a probe on a tiny random-weight
+SDXL U-Net (no results file holds it) saw the bf16 step a few dB worse at sizes 768/1344 than at sizes of 1,
+a smaller effect that was left as it is.
 """
 
 from __future__ import annotations
